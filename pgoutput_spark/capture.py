@@ -1,0 +1,88 @@
+"""The capture table contract, and reading captures from Parquet folders or Delta tables.
+
+A capture holds one row per pgoutput message:
+
+========  =========  ===========================================================
+column    type       meaning
+========  =========  ===========================================================
+seq       BIGINT     strictly increasing position in the slot's stream (several
+                     messages share an LSN, so the LSN cannot order them)
+lsn       BIGINT     the LSN PostgreSQL reported for the message
+data      BINARY     the pgoutput message, or the walsender's XLogData frame
+                     (``w``, dataStart, walEnd, sendTime, message): the LSN is
+                     then taken from dataStart
+xid       BIGINT     optional: the xid PostgreSQL reported with the message
+========  =========  ===========================================================
+
+Column names are configurable through `CaptureColumns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from .errors import CaptureError
+
+CaptureFormat = Literal["auto", "parquet", "delta"]
+
+
+@dataclass(frozen=True)
+class CaptureColumns:
+    """Names of the capture's columns (``xid=None``: the capture has no xid column)."""
+
+    seq: str = "seq"
+    lsn: str = "lsn"
+    data: str = "data"
+    xid: str | None = None
+
+    def select(self, capture: DataFrame) -> DataFrame:
+        """The capture's contract columns under their canonical names, type-checked."""
+        fields = {f.name: f.dataType for f in capture.schema.fields}
+        wanted = [("seq", self.seq, T.LongType), ("lsn", self.lsn, T.LongType),
+                  ("data", self.data, T.BinaryType)]
+        if self.xid is not None:
+            wanted.append(("xid", self.xid, T.LongType))
+        columns = []
+        for canonical, actual, expected in wanted:
+            if actual not in fields:
+                raise CaptureError(
+                    f"capture has no column {actual!r} (the {canonical} column); it has "
+                    f"{sorted(fields)}: set the capture column names to match"
+                )
+            found = fields[actual]
+            integral = (T.LongType, T.IntegerType, T.ShortType)
+            if expected is T.LongType and isinstance(found, integral):
+                columns.append(capture[actual].cast("bigint").alias(canonical))
+            elif isinstance(found, expected):
+                columns.append(capture[actual].alias(canonical))
+            else:
+                raise CaptureError(
+                    f"capture column {actual!r} (the {canonical} column) is "
+                    f"{found.simpleString()}, expected {expected().simpleString()}"
+                )
+        return capture.select(*columns)
+
+
+def _is_delta(spark: SparkSession, path: str) -> bool:
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/_delta_log")
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    return bool(fs.exists(hadoop_path))
+
+
+def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "auto") -> DataFrame:
+    """Read a capture from a Parquet folder or a Delta table (``auto``: Delta if it has a log)."""
+    if format == "auto":
+        format = "delta" if _is_delta(spark, path) else "parquet"
+    if format not in ("parquet", "delta"):
+        raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
+    try:
+        return spark.read.format(format).load(path)
+    except Exception as exc:  # AnalysisException: path missing, not Parquet, ...
+        if type(exc).__name__ in ("AnalysisException", "PathNotFoundException"):
+            raise CaptureError(f"can't read capture {path!r} as {format}: {exc}") from exc
+        raise

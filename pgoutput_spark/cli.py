@@ -1,0 +1,109 @@
+"""The ``pgoutput-spark`` command line.
+
+    pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
+
+Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
+bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Sequence
+
+from .capture import CaptureColumns, read_capture
+from .config import Config, load_config
+from .errors import DecodeError, PgoutputSparkError
+
+_TASK_ERROR = re.compile(r"pgoutput_spark\.errors\.(\w+): (.*)")
+
+
+def task_error(exc: BaseException) -> PgoutputSparkError | None:
+    """The pgoutput_spark error a Spark task raised, recovered from a PythonException."""
+    matches = _TASK_ERROR.findall(str(exc))
+    if not matches:
+        return None
+    name, message = matches[-1]
+    return DecodeError(message, field="", offset=-1) if name.endswith("DecodeError") else \
+        PgoutputSparkError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    decode = sub.add_parser("decode", help="decode a capture and print a summary")
+    decode.add_argument("--config", help="configuration file (default: built-in defaults)")
+    decode.add_argument("--capture", help="capture path (Parquet folder or Delta table)")
+    decode.add_argument("--format", choices=["auto", "parquet", "delta"])
+    decode.add_argument("--on-error", choices=["fail", "quarantine"])
+    decode.add_argument("--quarantine", help="Delta table receiving undecodable messages")
+    decode.add_argument("--output", help="also write the decoded messages here (Parquet)")
+    decode.add_argument("--master", help="Spark master (default from the configuration)")
+    return parser
+
+
+def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
+    capture = config.capture
+    if args.capture:
+        capture = dataclasses.replace(capture, path=args.capture)
+    if args.format:
+        capture = dataclasses.replace(capture, format=args.format)
+    decode = config.decode
+    if args.on_error:
+        decode = dataclasses.replace(decode, on_error=args.on_error)
+    if args.quarantine:
+        decode = dataclasses.replace(decode, quarantine_path=args.quarantine)
+    spark = config.spark
+    if args.master:
+        spark = dataclasses.replace(spark, master=args.master)
+    return dataclasses.replace(config, capture=capture, decode=decode, spark=spark)
+
+
+def run_decode(config: Config, output: str | None = None) -> str:
+    """Decode the configured capture; returns the rendered summary."""
+    from .spark.decode import decode, quarantined
+    from .spark.session import build_spark_session
+    from .spark.summary import summarize
+
+    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
+    xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
+    columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
+                             config.capture.data_column, xid)
+    decoded = decode(capture, columns=columns, on_error=config.decode.on_error,  # type: ignore[arg-type]
+                     framing=config.capture.framing)  # type: ignore[arg-type]
+    decoded = decoded.persist()
+    try:
+        summary = summarize(decoded)
+        if output:
+            decoded.write.mode("overwrite").parquet(output)
+        if config.decode.quarantine_path and summary.quarantined:
+            quarantined(decoded).write.format("delta").mode("append").save(config.decode.quarantine_path)
+    finally:
+        decoded.unpersist()
+    return summary.render()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _apply_overrides(load_config(args.config), args)
+        if args.command == "decode":
+            print(run_decode(config, args.output))
+        return 0
+    except PgoutputSparkError as exc:
+        print(f"pgoutput-spark: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # Spark wraps errors raised inside tasks
+        recovered = task_error(exc)
+        if recovered is None:
+            raise
+        print(f"pgoutput-spark: error: {recovered}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

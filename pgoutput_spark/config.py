@@ -1,0 +1,100 @@
+"""Typed configuration loaded from ``conf/<env>.yaml``.
+
+Unknown keys, wrong types and bad values raise `ConfigError` naming the file
+and the key path. Relative paths are relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_type_hints
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    path: str = "examples/sample_capture"
+    format: str = "auto"
+    framing: str = "auto"
+    seq_column: str = "seq"
+    lsn_column: str = "lsn"
+    data_column: str = "data"
+    xid_column: str | None = "xid"
+
+    _choices = {"format": ("auto", "parquet", "delta"), "framing": ("auto", "none", "xlogdata")}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    on_error: str = "fail"
+    #: Where quarantined messages go (a Delta table) when on_error is quarantine.
+    quarantine_path: str | None = None
+
+    _choices = {"on_error": ("fail", "quarantine")}
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str | None = "local[2]"
+    conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+
+def _build(cls: type, data: Any, path: str, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {path or 'top level'} must be a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key {key_path!r} (expected one of {sorted(known)})")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, value, key_path, source)
+            continue
+        allowed = get_args(hint) or (hint,)
+        origins = tuple(getattr(a, "__origin__", a) for a in allowed)
+        if value is None and type(None) in origins:
+            values[key] = None
+        elif dict in origins:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {key_path} must be a mapping")
+            values[key] = {str(k): str(v) for k, v in value.items()}
+        elif str in origins and isinstance(value, str):
+            choices = getattr(cls, "_choices", {}).get(key)
+            if choices and value not in choices:
+                raise ConfigError(f"{source}: {key_path} is {value!r}, expected one of {list(choices)}")
+            values[key] = value
+        else:
+            expected = " or ".join(getattr(a, "__name__", str(a)) for a in origins)
+            raise ConfigError(f"{source}: {key_path} must be {expected}, got {value!r}")
+    return cls(**values)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load a configuration file; ``None`` gives the built-in defaults."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"can't read configuration {source}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    return _build(Config, data, "", source)

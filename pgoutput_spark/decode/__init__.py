@@ -1,0 +1,1 @@
+"""Decoding of pgoutput messages: vectorized over Arrow batches, no Spark import."""

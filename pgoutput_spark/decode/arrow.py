@@ -1,0 +1,130 @@
+"""Build Arrow arrays from the NumPy results of a `Cursor` without per-value loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .reader import BatchReader, ErrorCode, TupleColumns
+from .schema import TUPLE, TUPLE_VALUE
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _offsets_buffer(offsets: np.ndarray) -> pa.Buffer:
+    if offsets.size and offsets[-1] > _INT32_MAX:
+        raise OverflowError(
+            "more than 2 GiB of values in one Arrow batch; lower "
+            "spark.sql.execution.arrow.maxRecordsPerBatch"
+        )
+    return pa.py_buffer(offsets.astype(np.int32))
+
+
+def mask_array(valid: np.ndarray) -> pa.Array | None:
+    """An Arrow validity mask (True = NULL) or None when everything is valid."""
+    return None if valid.all() else pa.array(~valid)
+
+
+def binary_array(reader: BatchReader, start: np.ndarray, length: np.ndarray,
+                 valid: np.ndarray) -> pa.BinaryArray:
+    """Copy ``[start, start + length)`` for each valid element into a binary array."""
+    length = np.where(valid, length, 0)
+    offsets, data = reader.gather(start, length)
+    validity = None if valid.all() else pa.array(valid).buffers()[1]
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), valid.size, [validity, _offsets_buffer(offsets), pa.py_buffer(data)],
+        null_count=int(valid.size - np.count_nonzero(valid)),
+    )
+
+
+def string_array(reader: BatchReader, rows: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 valid: np.ndarray, field: str) -> pa.StringArray:
+    """Like `binary_array`, as UTF-8 strings; invalid UTF-8 fails the owning message.
+
+    ``rows`` are the batch rows owning each element (for error reports).
+    """
+    binary = binary_array(reader, start, length, valid)
+    try:
+        return binary.cast(pa.string())
+    except pa.ArrowInvalid:
+        pass
+    # Error path only: find the offending elements one by one.
+    values = binary.to_pylist()
+    bad = np.zeros(valid.size, dtype=bool)
+    for i, value in enumerate(values):
+        if value is not None:
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                bad[i] = True
+    reader.fail(rows[bad], field, ErrorCode.BAD_UTF8, start[bad])
+    return binary_array(reader, start, length, valid & ~bad).cast(pa.string())
+
+
+def char_array(codes: np.ndarray, valid: np.ndarray) -> pa.StringArray:
+    """One-character strings from single bytes (e.g. tuple kinds, replica identity)."""
+    codes = np.where(valid, codes, ord("?")).astype(np.uint8)
+    offsets = np.arange(codes.size + 1, dtype=np.int32)
+    validity = None if valid.all() else pa.array(valid).buffers()[1]
+    return pa.StringArray.from_buffers(
+        codes.size, pa.py_buffer(offsets), pa.py_buffer(codes), validity,
+        null_count=int(codes.size - np.count_nonzero(valid)),
+    )
+
+
+def list_array(counts: np.ndarray, valid: np.ndarray, values: pa.Array,
+               value_type: pa.DataType) -> pa.ListArray:
+    """A list array whose element i holds ``counts[i]`` consecutive ``values``."""
+    counts = np.where(valid, counts, 0)
+    offsets = np.zeros(counts.size + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), values, type=pa.list_(value_type), mask=mask_array(valid)
+    )
+
+
+def tuple_array(reader: BatchReader, rows: np.ndarray, columns: TupleColumns,
+                valid: np.ndarray) -> pa.ListArray:
+    """array<struct<kind, value>> for the messages whose TupleData is ``valid``."""
+    counts = np.diff(columns.offsets)
+    keep = np.repeat(valid & columns.present, counts)
+    kind = columns.kind[keep]
+    start = columns.value_start[keep]
+    length = columns.value_length[keep]
+    has_value = length >= 0
+    values = pa.StructArray.from_arrays(
+        [char_array(kind, np.ones(kind.size, dtype=bool)),
+         binary_array(reader, start, length, has_value)],
+        fields=list(TUPLE_VALUE),
+    )
+    return list_array(counts, valid & columns.present, values, TUPLE_VALUE)
+
+
+def take_into(total: int, parts: list[tuple[np.ndarray, pa.Array]], type_: pa.DataType) -> pa.Array:
+    """Scatter arrays of group rows into a batch-length array, NULL elsewhere.
+
+    ``parts`` are (batch rows, array with one element per row) pairs.
+    """
+    parts = [(rows, array) for rows, array in parts if rows.size]
+    if not parts:
+        return pa.nulls(total, type=type_)
+    indices = np.full(total, -1, dtype=np.int64)
+    base = 0
+    for rows, array in parts:
+        indices[rows] = base + np.arange(rows.size, dtype=np.int64)
+        base += rows.size
+    combined = pa.concat_arrays([array for _, array in parts]) if len(parts) > 1 else parts[0][1]
+    taken = combined.take(pa.array(indices, mask=indices < 0))
+    return taken.cast(type_) if taken.type != type_ else taken
+
+
+__all__ = [
+    "TUPLE",
+    "binary_array",
+    "char_array",
+    "list_array",
+    "mask_array",
+    "string_array",
+    "take_into",
+    "tuple_array",
+]

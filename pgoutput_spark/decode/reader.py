@@ -1,0 +1,332 @@
+"""Vectorized, bounds-checked reads over the messages of one batch.
+
+A batch is one byte buffer plus ``starts`` / ``ends`` offsets per message (an
+Arrow binary array seen through NumPy). A `Cursor` walks a group of messages of
+the same type field by field: every read is one NumPy operation over all the
+messages of the group, checked against each message's end. A message that fails
+a check gets its first error recorded in the `BatchReader` and is ignored from
+then on (its later reads are clipped into the buffer and their values
+discarded), so decoding never raises, never reads out of bounds and never
+allocates from a length it has not checked against the bytes that are there.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from .protocol import TupleKind
+
+
+class ErrorCode(enum.IntEnum):
+    """Why a message failed; the numbers ``a`` / ``b`` recorded with it fill the reason."""
+
+    NEED = 1  # need a bytes, have b
+    NO_NUL = 2  # string has no NUL terminator before the end of the message
+    TRAILING = 3  # a bytes left after the last field
+    EMPTY = 4
+    NULL = 5
+    UNKNOWN_TYPE = 6  # a = type byte
+    BAD_MARKER = 7  # a = byte found, text = what was expected
+    BAD_KIND = 8  # a = kind byte
+    NEGATIVE_LENGTH = 9  # a = length
+    TOO_MANY = 10  # a = count, b = bytes left
+    OUT_OF_RANGE = 11  # text = what
+    BAD_UTF8 = 12
+    BAD_FRAME = 13  # XLogData framing shorter than its header
+    STREAM_STATE = 14  # text = why
+    BAD_LENGTH = 15  # a = message length, text = the lengths allowed
+
+
+def _byte(value: int) -> str:
+    char = chr(value)
+    return f"'{char}' (0x{value:02x})" if 32 < value < 127 else f"0x{value:02x}"
+
+
+def format_reason(code: int, offset: int, a: int, b: int, text: str | None) -> str:
+    """Turn a recorded error into the human-readable reason of a `DecodeError`."""
+    code = ErrorCode(code)
+    if code is ErrorCode.NEED:
+        return f"need {a} bytes at offset {offset}, have {max(b, 0)}"
+    if code is ErrorCode.NO_NUL:
+        return f"string at offset {offset} has no NUL terminator before the message ends at offset {b}"
+    if code is ErrorCode.TRAILING:
+        return f"{a} trailing bytes at offset {offset} after the last field"
+    if code is ErrorCode.EMPTY:
+        return "empty message: no type byte"
+    if code is ErrorCode.NULL:
+        return "message data is NULL"
+    if code is ErrorCode.UNKNOWN_TYPE:
+        return f"unknown message type byte {_byte(a)} at offset {offset}"
+    if code is ErrorCode.BAD_MARKER:
+        return f"expected {text} at offset {offset}, got {_byte(a)}"
+    if code is ErrorCode.BAD_KIND:
+        return f"unknown tuple value kind {_byte(a)} at offset {offset} (expected 'n', 'u', 't' or 'b')"
+    if code is ErrorCode.NEGATIVE_LENGTH:
+        return f"negative length {a} at offset {offset}"
+    if code is ErrorCode.TOO_MANY:
+        return f"{a} columns announced at offset {offset} but only {b} bytes follow"
+    if code is ErrorCode.OUT_OF_RANGE:
+        return f"value at offset {offset} out of range: {text}"
+    if code is ErrorCode.BAD_UTF8:
+        return f"string at offset {offset} is not valid UTF-8"
+    if code is ErrorCode.BAD_FRAME:
+        return f"XLogData frame needs {a} header bytes, have {b}"
+    if code is ErrorCode.BAD_LENGTH:
+        return f"message is {a} bytes long, expected {text}"
+    return f"{text} (offset {offset})"
+
+
+class BatchReader:
+    """The buffer, message bounds and first error of every message of one batch."""
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        if buf.size == 0:  # keep clipped reads inside an allocation
+            buf = np.zeros(1, dtype=np.uint8)
+        self.buf = buf
+        self.last = buf.size - 1
+        self.starts = starts.astype(np.int64, copy=False)
+        self.ends = ends.astype(np.int64, copy=False)
+        n = starts.size
+        self.bad = np.zeros(n, dtype=bool)
+        self.err_field = np.empty(n, dtype=object)
+        self.err_code = np.zeros(n, dtype=np.int8)
+        self.err_offset = np.zeros(n, dtype=np.int64)
+        self.err_a = np.zeros(n, dtype=np.int64)
+        self.err_b = np.zeros(n, dtype=np.int64)
+        self.err_text = np.empty(n, dtype=object)
+        self._nul: np.ndarray | None = None
+
+    def fail(
+        self,
+        rows: np.ndarray,
+        field: str,
+        code: ErrorCode,
+        pos: np.ndarray | int,
+        a: np.ndarray | int = 0,
+        b: np.ndarray | int = 0,
+        text: str | None = None,
+    ) -> None:
+        """Record an error for ``rows`` (batch indices) that have none yet."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        fresh = ~self.bad[rows]
+        if not fresh.all():
+            rows = rows[fresh]
+            pos = np.broadcast_to(pos, fresh.shape)[fresh]
+            a = np.broadcast_to(a, fresh.shape)[fresh]
+            b = np.broadcast_to(b, fresh.shape)[fresh]
+        self.bad[rows] = True
+        self.err_field[rows] = field
+        self.err_code[rows] = code
+        self.err_offset[rows] = pos - self.starts[rows]
+        self.err_a[rows] = a
+        self.err_b[rows] = b
+        self.err_text[rows] = text
+
+    @property
+    def nul_positions(self) -> np.ndarray:
+        """Positions of every NUL byte in the buffer, found once per batch."""
+        if self._nul is None:
+            self._nul = np.flatnonzero(self.buf == 0)
+        return self._nul
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copy the byte ranges ``[start, start + length)`` into one buffer.
+
+        Returns (Arrow-style int32/int64 offsets, bytes). Lengths must already be
+        checked against the message bounds.
+        """
+        lengths = lengths.astype(np.int64, copy=False)
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return offsets, np.zeros(0, dtype=np.uint8)
+        index = np.repeat(starts.astype(np.int64, copy=False) - offsets[:-1], lengths)
+        index += np.arange(total, dtype=np.int64)
+        return offsets, self.buf[index]
+
+
+@dataclass
+class TupleColumns:
+    """One TupleData part for each message of a cursor, flattened column-major-free.
+
+    ``offsets[i]:offsets[i+1]`` are message i's columns in ``kind`` /
+    ``value_start`` / ``value_length``; ``present[i]`` says whether message i has
+    this tuple at all.
+    """
+
+    present: np.ndarray
+    offsets: np.ndarray
+    kind: np.ndarray
+    value_start: np.ndarray
+    value_length: np.ndarray
+
+
+class Cursor:
+    """Reads the same field from a group of messages at once."""
+
+    def __init__(self, reader: BatchReader, rows: np.ndarray, pos: np.ndarray, name: str) -> None:
+        self.r = reader
+        self.rows = rows
+        self.pos = pos.astype(np.int64, copy=True)
+        self.name = name
+
+    def __len__(self) -> int:
+        return self.rows.size
+
+    @property
+    def ok(self) -> np.ndarray:
+        return ~self.r.bad[self.rows]
+
+    def where(self, mask: np.ndarray) -> "Cursor":
+        """A cursor over the messages selected by ``mask`` (positions copied)."""
+        return Cursor(self.r, self.rows[mask], self.pos[mask], self.name)
+
+    def _need(self, rows: np.ndarray, pos: np.ndarray, n: np.ndarray | int, field: str) -> None:
+        have = self.r.ends[rows] - pos
+        short = have < n
+        if short.any():
+            self.r.fail(rows[short], f"{self.name}.{field}", ErrorCode.NEED, pos[short],
+                        np.broadcast_to(n, short.shape)[short], have[short])
+
+    def _read(self, rows: np.ndarray, pos: np.ndarray, nbytes: int, dtype: str, field: str) -> np.ndarray:
+        self._need(rows, pos, nbytes, field)
+        index = np.minimum(pos[:, None] + np.arange(nbytes, dtype=np.int64), self.r.last)
+        raw = self.r.buf[index]
+        if nbytes == 1:
+            return raw[:, 0]
+        return np.ascontiguousarray(raw).view(dtype)[:, 0]
+
+    def uint(self, nbytes: int, field: str) -> np.ndarray:
+        """An unsigned big-endian integer of 1, 2 or 4 bytes, as int64."""
+        dtype = {1: "u1", 2: ">u2", 4: ">u4"}[nbytes]
+        value = self._read(self.rows, self.pos, nbytes, dtype, field).astype(np.int64)
+        self.pos += nbytes
+        return value
+
+    def int32(self, field: str) -> np.ndarray:
+        value = self._read(self.rows, self.pos, 4, ">i4", field).astype(np.int32)
+        self.pos += 4
+        return value
+
+    def lsn(self, field: str) -> np.ndarray:
+        """An XLogRecPtr: unsigned 64 bits, stored as int64 (above 2^63-1 is an error)."""
+        value = self._read(self.rows, self.pos, 8, ">u8", field)
+        high = value > np.uint64(np.iinfo(np.int64).max)
+        if high.any():
+            self.r.fail(self.rows[high], f"{self.name}.{field}", ErrorCode.OUT_OF_RANGE,
+                        self.pos[high], text="LSN above 2^63-1")
+        self.pos += 8
+        return value.astype(np.int64)
+
+    def timestamp(self, field: str) -> np.ndarray:
+        """A TimestampTz (microseconds since 2000-01-01) as microseconds since 1970."""
+        from .protocol import PG_EPOCH_OFFSET_US
+
+        value = self._read(self.rows, self.pos, 8, ">i8", field).astype(np.int64)
+        limit = np.iinfo(np.int64).max - PG_EPOCH_OFFSET_US
+        high = value > limit
+        if high.any():
+            self.r.fail(self.rows[high], f"{self.name}.{field}", ErrorCode.OUT_OF_RANGE,
+                        self.pos[high], text="timestamp past the representable range")
+        self.pos += 8
+        return np.where(high, 0, value) + PG_EPOCH_OFFSET_US
+
+    def cstring(self, field: str) -> tuple[np.ndarray, np.ndarray]:
+        """A NUL-terminated string: (start, length) of its bytes, NUL excluded."""
+        nul = self.r.nul_positions
+        start = self.pos
+        ends = self.r.ends[self.rows]
+        k = np.searchsorted(nul, start)
+        found = k < nul.size
+        at = np.where(found, nul[np.minimum(k, max(nul.size - 1, 0))] if nul.size else 0, ends)
+        missing = ~found | (at >= ends)
+        if missing.any():
+            self.r.fail(self.rows[missing], f"{self.name}.{field}", ErrorCode.NO_NUL,
+                        start[missing], b=(ends - self.r.starts[self.rows])[missing])
+        at = np.where(missing, start, at)
+        self.pos = at + 1
+        return start, at - start
+
+    def expect(self, allowed: tuple[int, ...], field: str, expected: str) -> np.ndarray:
+        """A one-byte marker that must be one of ``allowed``; returns the byte."""
+        value = self._read(self.rows, self.pos, 1, "u1", field)
+        wrong = ~np.isin(value, np.asarray(allowed, dtype=np.uint8))
+        has_byte = self.r.ends[self.rows] > self.pos
+        wrong &= has_byte
+        if wrong.any():
+            self.r.fail(self.rows[wrong], f"{self.name}.{field}", ErrorCode.BAD_MARKER,
+                        self.pos[wrong], a=value[wrong].astype(np.int64), text=expected)
+        self.pos += 1
+        return value
+
+    def peek_byte(self) -> np.ndarray:
+        """The next byte without consuming it (0 where the message has ended)."""
+        inside = self.pos < self.r.ends[self.rows]
+        return np.where(inside, self.r.buf[np.minimum(self.pos, self.r.last)], 0)
+
+    def tuple_data(self, field: str) -> TupleColumns:
+        """A TupleData part: Int16 column count, then kind [+ Int32 length + bytes] per column."""
+        ncols = self.uint(2, f"{field}.ncolumns")
+        ends = self.r.ends[self.rows]
+        left = ends - self.pos
+        too_many = ncols > left  # every column takes at least its kind byte
+        if too_many.any():
+            self.r.fail(self.rows[too_many], f"{self.name}.{field}.ncolumns", ErrorCode.TOO_MANY,
+                        self.pos[too_many] - 2, a=ncols[too_many], b=left[too_many])
+        counts = np.where(self.ok, ncols, 0)
+        offsets = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        total = int(offsets[-1])
+        kind = np.zeros(total, dtype=np.uint8)
+        value_start = np.zeros(total, dtype=np.int64)
+        value_length = np.full(total, -1, dtype=np.int64)
+        active = np.flatnonzero(counts > 0)
+        j = 0
+        while active.size:
+            rows = self.rows[active]
+            pos = self.pos[active]
+            path = f"{field}[{j}]"
+            self._need(rows, pos, 1, f"{path}.kind")
+            k = self.r.buf[np.minimum(pos, self.r.last)]
+            sized = (k == TupleKind.TEXT) | (k == TupleKind.BINARY)
+            unknown = ~sized & (k != TupleKind.NULL) & (k != TupleKind.UNCHANGED_TOAST)
+            if unknown.any():
+                self.r.fail(rows[unknown], f"{self.name}.{path}.kind", ErrorCode.BAD_KIND,
+                            pos[unknown], a=k[unknown].astype(np.int64))
+            step = np.ones(active.size, dtype=np.int64)
+            length = np.full(active.size, -1, dtype=np.int64)
+            s = np.flatnonzero(sized)
+            if s.size:
+                srows, spos = rows[s], pos[s] + 1
+                slen = self._read(srows, spos, 4, ">i4", f"{path}.length").astype(np.int64)
+                negative = slen < 0
+                if negative.any():
+                    self.r.fail(srows[negative], f"{self.name}.{path}.length",
+                                ErrorCode.NEGATIVE_LENGTH, spos[negative], a=slen[negative])
+                slen = np.maximum(slen, 0)
+                self._need(srows, spos + 4, slen, f"{path}.value")
+                length[s] = slen
+                step[s] += 4 + slen
+            element = offsets[active] + j
+            kind[element] = k
+            value_start[element] = pos + 5
+            value_length[element] = length
+            self.pos[active] = pos + step
+            j += 1
+            keep = ~self.r.bad[rows] & (counts[active] > j)
+            active = active[keep]
+        return TupleColumns(self.ok.copy(), offsets, kind, value_start, value_length)
+
+    def expect_end(self) -> None:
+        """Fail messages that have bytes left after their last field."""
+        ends = self.r.ends[self.rows]
+        extra = (self.pos < ends) & self.ok
+        if extra.any():
+            self.r.fail(self.rows[extra], f"{self.name}", ErrorCode.TRAILING, self.pos[extra],
+                        a=(ends - self.pos)[extra])

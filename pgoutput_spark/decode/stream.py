@@ -1,0 +1,71 @@
+"""Which messages sit inside a Stream Start .. Stream Stop block.
+
+Inside such a block, data messages carry a leading xid, so the decoder must know
+the stream state of every message even when a block spans Spark partitions or
+capture files. The state at any position follows from the positions (seq) of
+the Stream Start and Stream Stop messages alone: a cheap first pass collects
+those events (two per streamed chunk, far fewer than messages), `StreamEvents`
+checks that they alternate, and each task looks its rows up with one
+``searchsorted``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import StreamStateError
+from .protocol import MessageType
+
+
+@dataclass(frozen=True)
+class StreamEvents:
+    """Sorted seqs of Stream Start / Stream Stop messages and which is which."""
+
+    seq: np.ndarray
+    is_start: np.ndarray
+
+    @classmethod
+    def from_messages(cls, seq: np.ndarray, type_byte: np.ndarray,
+                      lsn: np.ndarray | None = None) -> "StreamEvents":
+        """Build from the (seq, type byte) of any superset of the events, any order.
+
+        Raises `StreamStateError` when starts and stops do not alternate (a
+        Stream Start inside a block, or a Stream Stop outside one).
+        """
+        seq = np.asarray(seq, dtype=np.int64)
+        type_byte = np.asarray(type_byte)
+        keep = (type_byte == MessageType.STREAM_START) | (type_byte == MessageType.STREAM_STOP)
+        order = np.argsort(seq[keep], kind="stable")
+        event_seq = seq[keep][order]
+        is_start = (type_byte[keep] == MessageType.STREAM_START)[order]
+        lsns = None if lsn is None else np.asarray(lsn, dtype=np.int64)[keep][order]
+        if event_seq.size:
+            # Starts must sit at even positions, stops at odd ones.
+            expected = np.arange(event_seq.size) % 2 == 0
+            wrong = np.flatnonzero(is_start != expected)
+            if wrong.size:
+                i = int(wrong[0])
+                kind = MessageType.STREAM_START if is_start[i] else MessageType.STREAM_STOP
+                reason = ("Stream Start inside a stream block that was never stopped"
+                          if is_start[i] else "Stream Stop outside any stream block")
+                raise StreamStateError(
+                    reason, field=kind.doc_name, offset=0, message_type=kind.doc_name,
+                    seq=int(event_seq[i]), lsn=None if lsns is None else int(lsns[i]))
+        return cls(event_seq, is_start)
+
+    @classmethod
+    def empty(cls) -> "StreamEvents":
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+
+    def in_stream(self, seq: np.ndarray) -> np.ndarray:
+        """True for messages after a Stream Start and up to its Stream Stop.
+
+        (`decode_batch` reports the Stream Stop itself as outside the block.)
+        """
+        seq = np.asarray(seq, dtype=np.int64)
+        if self.seq.size == 0:
+            return np.zeros(seq.size, dtype=bool)
+        before = np.searchsorted(self.seq, seq, side="left") - 1
+        return (before >= 0) & self.is_start[np.maximum(before, 0)]

@@ -1,0 +1,1 @@
+"""Thin Spark glue: the shared session builder and the `mapInArrow` decode wrapper."""

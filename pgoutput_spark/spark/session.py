@@ -1,0 +1,52 @@
+"""`build_spark_session`: the one SparkSession builder shared by jobs, tests and notebooks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+#: Settings every session gets unless the caller overrides them.
+DEFAULTS: dict[str, str] = {
+    # Decoded timestamps are UTC instants; keep Spark's rendering in UTC too.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # A task's memory is bounded by this many messages per Arrow batch.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def build_spark_session(
+    *,
+    app_name: str = "pgoutput-spark",
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Get or create a SparkSession with Delta Lake configured.
+
+    ``master`` is only set when given (spark-submit passes its own). The Delta
+    connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
+    unless the session already has it (``spark.jars.packages`` given in ``conf``).
+    """
+    from delta import configure_spark_with_delta_pip
+
+    if "PYSPARK_PYTHON" not in os.environ:
+        # Python workers run the driver's interpreter (the project's venv), not
+        # whatever ``python3`` is first on PATH.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    settings = {**DEFAULTS, **(conf or {})}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if "spark.jars.packages" not in settings:
+        builder = configure_spark_with_delta_pip(builder)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

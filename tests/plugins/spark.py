@@ -1,0 +1,27 @@
+"""The one SparkSession of a test run (local[2], small shuffles, UI off)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pgoutput_spark.spark.session import build_spark_session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = build_spark_session(
+        app_name="pgoutput-spark-tests",
+        master="local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.ui.enabled": "false",
+            # Small Arrow batches so tests cross batch boundaries.
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "64",
+        },
+    )
+    yield session
+    session.stop()

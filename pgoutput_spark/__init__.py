@@ -1,6 +1,6 @@
 """pgoutput-spark: decode and apply PostgreSQL pgoutput captures with Spark.
 
-The decoder (`decode_message`, `pgoutput_spark.decode`) has no Spark import;
+The decoder (`decode_message`, `pgoutput_spark.decoder`) has no Spark import;
 `decode` and `read_capture` are loaded lazily so that ``import pgoutput_spark``
 stays cheap where Spark is not needed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .capture import CaptureColumns
-from .decode.messages import decode_message
+from .decoder.messages import decode_message
 from .errors import (
     CaptureError,
     ConfigError,

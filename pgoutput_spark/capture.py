@@ -20,12 +20,12 @@ Column names are configurable through `CaptureColumns`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
+from typing import TYPE_CHECKING, Literal
 
 from .errors import CaptureError
+
+if TYPE_CHECKING:  # Spark is imported only where a DataFrame is touched
+    from pyspark.sql import DataFrame, SparkSession
 
 CaptureFormat = Literal["auto", "parquet", "delta"]
 
@@ -41,6 +41,8 @@ class CaptureColumns:
 
     def select(self, capture: DataFrame) -> DataFrame:
         """The capture's contract columns under their canonical names, type-checked."""
+        from pyspark.sql import types as T
+
         fields = {f.name: f.dataType for f in capture.schema.fields}
         wanted = [("seq", self.seq, T.LongType), ("lsn", self.lsn, T.LongType),
                   ("data", self.data, T.BinaryType)]

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.plugins.spark"]
+pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]

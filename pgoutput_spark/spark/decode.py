@@ -25,15 +25,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..capture import CaptureColumns
-from ..decode.batch import Framing, decode_batch
-from ..decode.protocol import XLOGDATA_HEADER_SIZE, XLOGDATA_TYPE, MessageType
-from ..decode.schema import DECODED_SCHEMA
-from ..decode.stream import StreamEvents
+from ..decoder.batch import Framing, decode_batch
+from ..decoder.protocol import XLOGDATA_HEADER_SIZE, XLOGDATA_TYPE, MessageType
+from ..decoder.schema import DECODED_SCHEMA
+from ..decoder.stream import StreamEvents
 from ..errors import ConfigError
 
 OnError = Literal["fail", "quarantine"]
 
-#: The Spark schema of `decode`'s output (see `pgoutput_spark.decode.schema`).
+#: The Spark schema of `decode`'s output (see `pgoutput_spark.decoder.schema`).
 DECODED_SPARK_SCHEMA = from_arrow_schema(DECODED_SCHEMA)
 
 
@@ -71,7 +71,7 @@ def decode(
 ) -> DataFrame:
     """Decode a capture DataFrame into one typed row per message.
 
-    The result has the columns of `pgoutput_spark.decode.schema.DECODED_SCHEMA`.
+    The result has the columns of `pgoutput_spark.decoder.schema.DECODED_SCHEMA`.
     ``on_error="fail"`` makes the first undecodable message fail the job with a
     `DecodeError` (seq, LSN, message type, field, offset); ``"quarantine"`` keeps
     such rows with ``error`` and ``raw`` set (select them with `quarantined`).

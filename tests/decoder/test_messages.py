@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from pgoutput_spark import decode_message
-from pgoutput_spark.decode import messages as m
-from pgoutput_spark.decode.protocol import ReplicaIdentity, TupleKind
+from pgoutput_spark.decoder import messages as m
+from pgoutput_spark.decoder.protocol import ReplicaIdentity, TupleKind
 from pgoutput_spark.errors import DecodeError
 from pgoutput_spark.lsn import Lsn
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pgoutput_spark.decode.stream import StreamEvents
+from pgoutput_spark.decoder.stream import StreamEvents
 from pgoutput_spark.errors import StreamStateError
 
 S, E, X = ord("S"), ord("E"), ord("I")

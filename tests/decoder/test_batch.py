@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark import decode_message
-from pgoutput_spark.decode.batch import decode_batch
-from pgoutput_spark.decode.messages import message_from_row
-from pgoutput_spark.decode.schema import DECODED_SCHEMA
+from pgoutput_spark.decoder.batch import decode_batch
+from pgoutput_spark.decoder.messages import message_from_row
+from pgoutput_spark.decoder.schema import DECODED_SCHEMA
 from pgoutput_spark.errors import DecodeError
 
 from . import builders as b

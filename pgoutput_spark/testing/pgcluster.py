@@ -1,0 +1,451 @@
+"""A throwaway PostgreSQL cluster for tests, benchmarks and sample captures.
+
+`PgCluster` runs ``initdb`` in a fresh temporary directory, configures it for
+logical decoding (``wal_level=logical``, a free loopback port, a Unix socket in
+the same directory, durability off), starts it with ``pg_ctl`` and removes it
+all on `stop`. It reads pgoutput through the SQL interface
+(``pg_logical_slot_peek_binary_changes`` / ``..._get_...``) with a server-side
+cursor, so a capture of millions of messages streams through bounded memory::
+
+    with PgCluster.debian(15) as pg:
+        pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR ALL TABLES")
+        pg.create_slot("s")
+        pg.execute("INSERT INTO t VALUES (1)")
+        messages = pg.peek_pgoutput("s", publications=["p"], proto_version=1)
+
+The server refuses to run as root, so when we are root every server binary
+runs as the ``postgres`` OS user and the directory is chowned to it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+
+from .capture_files import CapturedMessage
+from .plugin_options import StreamingMode, flatten_options, pgoutput_options, quote_ident
+
+__all__ = ["CapturedMessage", "PgCluster", "PgClusterError"]
+
+_log = logging.getLogger(__name__)
+
+_SERVER_USER = "postgres"
+_LOG_TAIL_LINES = 40
+_MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+# synchronous_commit stays on: logical decoding reads WAL only up to the flush
+# pointer, so with asynchronous commit a transaction that just committed is
+# invisible to a peek for up to wal_writer_delay. With fsync off a flush is a
+# plain write() to the page cache, so synchronous commit costs next to nothing.
+_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_prepared_transactions": "20",
+    "logical_decoding_work_mem": "'64kB'",
+    "max_replication_slots": "30",
+    "max_wal_senders": "30",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "listen_addresses": "'127.0.0.1'",
+    "track_commit_timestamp": "on",
+}
+
+
+class PgClusterError(RuntimeError):
+    """The throwaway cluster could not be set up, started, stopped or used."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class PgCluster:
+    """One throwaway PostgreSQL cluster in a temporary directory (see module docstring)."""
+
+    def __init__(self, bindir: str | Path, *, base_dir: str | Path | None = None) -> None:
+        """`bindir` holds initdb, pg_ctl and postgres; the cluster directory is
+        created under `base_dir` (default: the system temp dir), which the
+        ``postgres`` OS user must be able to traverse when we run as root."""
+        self._bindir = Path(bindir)
+        for tool in ("initdb", "pg_ctl", "postgres"):
+            if not (self._bindir / tool).is_file():
+                raise PgClusterError(f"{tool} not found in {self._bindir}")
+        self._base_dir = Path(base_dir) if base_dir is not None else None
+        self._root: Path | None = None
+        self._port: int | None = None
+        self._version_num: int | None = None
+
+    # -- construction -------------------------------------------------------------
+
+    @classmethod
+    def debian(cls, version: int = 15, base_dir: str | Path | None = None) -> PgCluster:
+        """A cluster from the Debian ``postgresql-<version>`` binaries."""
+        bindir = Path(f"/usr/lib/postgresql/{version}/bin")
+        if not (bindir / "postgres").is_file():
+            raise PgClusterError(
+                f"PostgreSQL {version} server binaries not found in {bindir}: "
+                f"`.ci/run` installs them, or run `apt-get install postgresql-{version}`"
+                " (`apt-get install postgresql` on Debian 12 gives 15)"
+            )
+        return cls(bindir, base_dir=base_dir)
+
+    @classmethod
+    def pgserver(cls, base_dir: str | Path | None = None) -> PgCluster:
+        """A cluster from the PostgreSQL 16 binaries in the ``pgserver`` wheel.
+
+        Only the package location is looked up; pgserver's own server is not started.
+        """
+        spec = importlib.util.find_spec("pgserver")
+        if spec is None or spec.origin is None:
+            raise PgClusterError(
+                "the pgserver package is not installed: pip install 'pgserver==0.1.4'"
+                " (it is in the dev extra: pip install -e '.[dev]')"
+            )
+        return cls(Path(spec.origin).parent / "pginstall" / "bin", base_dir=base_dir)
+
+    # -- properties ---------------------------------------------------------------
+
+    @property
+    def bindir(self) -> Path:
+        return self._bindir
+
+    @property
+    def port(self) -> int:
+        return self._require_started()[1]
+
+    @property
+    def host(self) -> str:
+        """The Unix socket directory (libpq treats a path as host)."""
+        return str(self._require_started()[0])
+
+    @property
+    def data_dir(self) -> Path:
+        return self._require_started()[0] / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self._require_started()[0] / "server.log"
+
+    @property
+    def version_num(self) -> int:
+        """``server_version_num``, e.g. 150018 for 15.18."""
+        if self._version_num is None:
+            self._version_num = int(self.query("SHOW server_version_num")[0][0])
+        return self._version_num
+
+    def conninfo(self, dbname: str = "postgres") -> str:
+        return f"host={self.host} port={self.port} user={_SERVER_USER} dbname={dbname}"
+
+    def _require_started(self) -> tuple[Path, int]:
+        if self._root is None or self._port is None:
+            raise PgClusterError("the cluster is not started: call start() or use `with`")
+        return self._root, self._port
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """initdb in a fresh temporary directory, configure and start the server."""
+        if self._root is not None:
+            raise PgClusterError(f"the cluster in {self._root} is already started")
+        root = Path(tempfile.mkdtemp(prefix="pgcluster-", dir=self._base_dir))
+        self._root = root
+        try:
+            if len(str(root / ".s.PGSQL.65535")) > _MAX_SOCKET_PATH:
+                raise PgClusterError(f"{root} is too long for a Unix socket path: pick a shorter base_dir")
+            self._chown(root)
+            self._initdb(root / "data")
+            for attempt in range(3):
+                self._port = _free_port()
+                self._write_settings(root / "data", root, self._port)
+                result = self._run_tool(
+                    "pg_ctl", "-D", str(root / "data"), "-l", str(root / "server.log"),
+                    "-w", "-t", "120", "start",
+                )  # fmt: skip
+                if result.returncode == 0:
+                    break
+                if attempt < 2 and "already in use" in self._log_tail():
+                    _log.warning("port %d was taken, retrying with another", self._port)
+                    continue
+                raise PgClusterError(
+                    f"pg_ctl start failed ({self._bindir}):\n{result.stdout}\n"
+                    f"--- server log ---\n{self._log_tail()}"
+                )
+        except BaseException:
+            self._pg_ctl_stop(root, "immediate")  # e.g. pg_ctl timed out on a live server
+            self._remove(root)
+            raise
+        _log.info("started PostgreSQL from %s on port %d in %s", self._bindir, self._port, root)
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete its directory. Idempotent."""
+        root = self._root
+        if root is None:
+            return
+        try:
+            self._pg_ctl_stop(root, "fast")
+        finally:
+            self._remove(root)
+
+    def _pg_ctl_stop(self, root: Path, mode: str) -> None:
+        if (root / "data" / "postmaster.pid").exists():
+            result = self._run_tool("pg_ctl", "-D", str(root / "data"), "-m", mode, "-w", "stop")
+            if result.returncode != 0:
+                _log.warning("pg_ctl stop -m %s failed:\n%s", mode, result.stdout)
+
+    def _remove(self, root: Path) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        self._root = None
+        self._port = None
+        self._version_num = None
+
+    def _initdb(self, data: Path) -> None:
+        base = ["initdb", "-D", str(data), "-U", _SERVER_USER, "--auth=trust", "-E", "UTF8"]
+        result = self._run_tool(*base, "--locale=C.UTF-8")
+        if result.returncode != 0:
+            _log.info("initdb --locale=C.UTF-8 failed, retrying with --no-locale:\n%s", result.stdout)
+            shutil.rmtree(data, ignore_errors=True)
+            result = self._run_tool(*base, "--no-locale")
+        if result.returncode != 0:
+            raise PgClusterError(f"initdb failed ({self._bindir}):\n{result.stdout}")
+
+    @staticmethod
+    def _write_settings(data: Path, socket_dir: Path, port: int) -> None:
+        lines = [f"{name} = {value}" for name, value in _SETTINGS.items()]
+        lines += [f"port = {port}", f"unix_socket_directories = '{socket_dir}'"]
+        # postgresql.auto.conf is read last, so it overrides the initdb defaults.
+        (data / "postgresql.auto.conf").write_text("\n".join(lines) + "\n")
+
+    def _log_tail(self) -> str:
+        if self._root is None:
+            return ""
+        try:
+            lines = (self._root / "server.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no server log)"
+        return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+    # -- running binaries as the server user --------------------------------------
+
+    @staticmethod
+    def _run_as() -> dict[str, Any]:
+        if os.geteuid() != 0:
+            return {}
+        entry = pwd.getpwnam(_SERVER_USER)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    @staticmethod
+    def _chown(path: Path) -> None:
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(_SERVER_USER)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def _run_tool(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run a binary of `bindir`; stdout and stderr merged; never raises on exit code.
+
+        Output goes through a file, not a pipe: ``pg_ctl start`` leaves the
+        postmaster running, and a pipe it inherited would never reach EOF.
+        """
+        cwd = self._root or Path(tempfile.gettempdir())
+        env = {**os.environ, "HOME": str(cwd), "LC_ALL": "C"}
+        with tempfile.TemporaryFile("w+") as out:
+            result = subprocess.run(
+                [str(self._bindir / tool), *args],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=cwd, env=env, text=True, check=False, **self._run_as(),
+            )  # fmt: skip
+            out.seek(0)
+            return subprocess.CompletedProcess(result.args, result.returncode, out.read())
+
+    def run_pgbench(self, args: Sequence[str], dbname: str = "postgres") -> str:
+        """Run this cluster's own ``pgbench`` against it; return its stdout."""
+        result = self._run_tool(
+            "pgbench", "-h", self.host, "-p", str(self.port), "-U", _SERVER_USER, *args, dbname
+        )
+        if result.returncode != 0:
+            raise PgClusterError(f"pgbench {' '.join(args)} failed:\n{result.stdout}")
+        return result.stdout
+
+    # -- SQL --------------------------------------------------------------------
+
+    def connect(self, dbname: str = "postgres", autocommit: bool = True) -> psycopg.Connection[Any]:
+        """A new psycopg connection as ``postgres`` over the Unix socket."""
+        return psycopg.connect(
+            host=self.host, port=self.port, user=_SERVER_USER, dbname=dbname, autocommit=autocommit
+        )
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None, dbname: str = "postgres") -> None:
+        """Run one statement, or several separated by ``;`` when `params` is None.
+
+        The connection is in autocommit mode; several statements sent together
+        form one implicit transaction unless they contain BEGIN/COMMIT.
+        """
+        with self.connect(dbname) as conn:
+            conn.execute(sql, params)
+
+    def query(
+        self, sql: str, params: Sequence[Any] | None = None, dbname: str = "postgres"
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement and return all its rows."""
+        with self.connect(dbname) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def create_database(self, name: str) -> str:
+        self.execute(f"CREATE DATABASE {quote_ident(name)}")
+        return name
+
+    # -- slots and decoding -----------------------------------------------------
+
+    def create_slot(
+        self, name: str, plugin: str = "pgoutput", *, two_phase: bool = False, dbname: str = "postgres"
+    ) -> int:
+        """Create a permanent logical slot; return its consistent point as an int LSN."""
+        rows = self.query(
+            "SELECT (lsn - '0/0'::pg_lsn)::int8"
+            " FROM pg_create_logical_replication_slot(%s, %s, false, %s)",
+            (name, plugin, two_phase),
+            dbname=dbname,
+        )
+        return int(rows[0][0])
+
+    def drop_slot(self, name: str, dbname: str = "postgres") -> None:
+        self.execute("SELECT pg_drop_replication_slot(%s)", (name,), dbname=dbname)
+
+    def iter_pgoutput(
+        self,
+        slot: str,
+        *,
+        publications: Sequence[str],
+        proto_version: int,
+        streaming: StreamingMode | None = None,
+        two_phase: bool = False,
+        messages: bool = False,
+        binary: bool = False,
+        origin: str | None = None,
+        consume: bool = False,
+        seq_start: int = 0,
+        chunk_rows: int = 10_000,
+        dbname: str = "postgres",
+    ) -> Iterator[CapturedMessage]:
+        """Yield the slot's pending pgoutput messages, numbered from `seq_start`.
+
+        Rows come through a server-side cursor `chunk_rows` at a time. With
+        `consume` the slot advances past everything pending as soon as the
+        first row is fetched (the server materializes the whole result), even
+        if the caller stops early.
+
+        The server decodes WAL only up to its flush pointer: a non-transactional
+        ``pg_logical_emit_message`` does not flush, so it shows up only after
+        the next commit.
+        """
+        options = pgoutput_options(
+            publications=publications, proto_version=proto_version, streaming=streaming,
+            two_phase=two_phase, messages=messages, binary=binary, origin=origin,
+        )  # fmt: skip
+        function = "pg_logical_slot_get_binary_changes" if consume else "pg_logical_slot_peek_binary_changes"
+        sql = (
+            "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
+            f" FROM {function}(%s, NULL, NULL, VARIADIC %s::text[])"
+        )
+        seq = seq_start
+        with (
+            self.connect(dbname, autocommit=False) as conn,
+            conn.cursor("pgoutput_capture", binary=True) as cursor,
+        ):
+            cursor.itersize = chunk_rows
+            cursor.execute(sql, (slot, options))
+            for lsn, xid, data in cursor:
+                yield CapturedMessage(seq, lsn, xid, bytes(data))
+                seq += 1
+
+    def peek_pgoutput(
+        self,
+        slot: str,
+        *,
+        publications: Sequence[str],
+        proto_version: int,
+        streaming: StreamingMode | None = None,
+        two_phase: bool = False,
+        messages: bool = False,
+        binary: bool = False,
+        origin: str | None = None,
+        seq_start: int = 0,
+        dbname: str = "postgres",
+    ) -> list[CapturedMessage]:
+        """The slot's pending pgoutput messages, without consuming them."""
+        captured = self.iter_pgoutput(
+            slot, publications=publications, proto_version=proto_version,
+            streaming=streaming, two_phase=two_phase, messages=messages, binary=binary,
+            origin=origin, consume=False, seq_start=seq_start, dbname=dbname,
+        )  # fmt: skip
+        return list(captured)
+
+    def get_pgoutput(
+        self,
+        slot: str,
+        *,
+        publications: Sequence[str],
+        proto_version: int,
+        streaming: StreamingMode | None = None,
+        two_phase: bool = False,
+        messages: bool = False,
+        binary: bool = False,
+        origin: str | None = None,
+        seq_start: int = 0,
+        dbname: str = "postgres",
+    ) -> list[CapturedMessage]:
+        """The slot's pending pgoutput messages; the slot advances past them."""
+        captured = self.iter_pgoutput(
+            slot, publications=publications, proto_version=proto_version,
+            streaming=streaming, two_phase=two_phase, messages=messages, binary=binary,
+            origin=origin, consume=True, seq_start=seq_start, dbname=dbname,
+        )  # fmt: skip
+        return list(captured)
+
+    def peek_test_decoding(
+        self,
+        slot: str,
+        *,
+        options: Mapping[str, str] | None = None,
+        consume: bool = False,
+        dbname: str = "postgres",
+    ) -> list[tuple[int, int, str]]:
+        """(lsn, xid, text) rows of a ``test_decoding`` slot (peeked unless `consume`)."""
+        function = "pg_logical_slot_get_changes" if consume else "pg_logical_slot_peek_changes"
+        rows = self.query(
+            "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
+            f" FROM {function}(%s, NULL, NULL, VARIADIC %s::text[])",
+            (slot, flatten_options(options)),
+            dbname=dbname,
+        )
+        return [(int(lsn), int(xid), str(text)) for lsn, xid, text in rows]
+
+    def __repr__(self) -> str:
+        state = f"port {self._port} in {self._root}" if self._root else "stopped"
+        return f"PgCluster({self._bindir}, {state})"

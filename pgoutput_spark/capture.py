@@ -77,13 +77,21 @@ def _is_delta(spark: SparkSession, path: str) -> bool:
 
 
 def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "auto") -> DataFrame:
-    """Read a capture from a Parquet folder or a Delta table (``auto``: Delta if it has a log)."""
+    """Read a capture from a Parquet folder or a Delta table (``auto``: Delta if it has a log).
+
+    A Parquet capture is every ``*.parquet`` file under ``path`` (Hive-style
+    partition folders such as ``date=2026-11-22/`` are discovered as columns).
+    """
     if format == "auto":
         format = "delta" if _is_delta(spark, path) else "parquet"
     if format not in ("parquet", "delta"):
         raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
+    reader = spark.read.format(format)
+    if format == "parquet":
+        # Only Parquet files: a capture folder may hold a README, markers, ...
+        reader = reader.option("pathGlobFilter", "*.parquet")
     try:
-        return spark.read.format(format).load(path)
+        return reader.load(path)
     except Exception as exc:  # AnalysisException: path missing, not Parquet, ...
         if type(exc).__name__ in ("AnalysisException", "PathNotFoundException"):
             raise CaptureError(f"can't read capture {path!r} as {format}: {exc}") from exc

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+import types
+import typing
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -65,8 +67,9 @@ def _build(cls: type, data: Any, path: str, source: str) -> Any:
         if dataclasses.is_dataclass(hint):
             values[key] = _build(hint, value, key_path, source)
             continue
-        allowed = get_args(hint) or (hint,)
-        origins = tuple(getattr(a, "__origin__", a) for a in allowed)
+        is_union = get_origin(hint) in (typing.Union, types.UnionType)
+        allowed = get_args(hint) if is_union else (hint,)
+        origins = tuple(get_origin(a) or a for a in allowed)
         if value is None and type(None) in origins:
             values[key] = None
         elif dict in origins:

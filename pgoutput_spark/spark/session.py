@@ -29,7 +29,8 @@ def build_spark_session(
 ) -> SparkSession:
     """Get or create a SparkSession with Delta Lake configured.
 
-    ``master`` is only set when given (spark-submit passes its own). The Delta
+    ``master`` is only set when given and when the process was not launched by
+    spark-submit (whose ``--master`` wins). The Delta
     connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
     """
@@ -40,7 +41,8 @@ def build_spark_session(
         # whatever ``python3`` is first on PATH.
         os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master and not under_spark_submit:
         builder = builder.master(master)
     settings = {**DEFAULTS, **(conf or {})}
     for key, value in settings.items():

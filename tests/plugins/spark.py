@@ -25,3 +25,16 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def restore_spark_conf(spark: SparkSession) -> Iterator[SparkSession]:
+    """For tests that build sessions through package code (``getOrCreate`` applies
+    its settings to the shared session): put the SQL settings back afterwards."""
+    before = dict(spark.conf.getAll)
+    yield spark
+    for key, value in spark.conf.getAll.items():
+        if key not in before:
+            spark.conf.unset(key)
+        elif before[key] != value:
+            spark.conf.set(key, before[key])

@@ -28,11 +28,15 @@ class StreamEvents:
 
     @classmethod
     def from_messages(cls, seq: np.ndarray, type_byte: np.ndarray,
-                      lsn: np.ndarray | None = None) -> "StreamEvents":
+                      lsn: np.ndarray | None = None, *,
+                      initially_in_stream: bool = False) -> "StreamEvents":
         """Build from the (seq, type byte) of any superset of the events, any order.
 
-        Raises `StreamStateError` when starts and stops do not alternate (a
-        Stream Start inside a block, or a Stream Stop outside one).
+        ``initially_in_stream``: the messages continue a stream block opened
+        before the first of them (a run that resumes where the last one
+        stopped inside a block). Raises `StreamStateError` when starts and stops
+        do not alternate (a Stream Start inside a block, or a Stream Stop
+        outside one).
         """
         seq = np.asarray(seq, dtype=np.int64)
         type_byte = np.asarray(type_byte)
@@ -41,6 +45,10 @@ class StreamEvents:
         event_seq = seq[keep][order]
         is_start = (type_byte[keep] == MessageType.STREAM_START)[order]
         lsns = None if lsn is None else np.asarray(lsn, dtype=np.int64)[keep][order]
+        if initially_in_stream:  # a virtual Stream Start before everything
+            event_seq = np.concatenate([[np.iinfo(np.int64).min], event_seq])
+            is_start = np.concatenate([[True], is_start])
+            lsns = None if lsns is None else np.concatenate([[0], lsns])
         if event_seq.size:
             # Starts must sit at even positions, stops at odd ones.
             expected = np.arange(event_seq.size) % 2 == 0

@@ -46,7 +46,8 @@ def _type_byte(data: F.Column, framing: Framing) -> F.Column:
     return F.when(first == XLOGDATA_TYPE, inner).otherwise(first)
 
 
-def stream_events(capture: DataFrame, *, framing: Framing = "auto") -> StreamEvents:
+def stream_events(capture: DataFrame, *, framing: Framing = "auto",
+                  initially_in_stream: bool = False) -> StreamEvents:
     """First pass: the seqs of all Stream Start / Stop messages of a canonical capture."""
     kind = _type_byte(capture["data"], framing)
     events = (
@@ -54,11 +55,9 @@ def stream_events(capture: DataFrame, *, framing: Framing = "auto") -> StreamEve
         .where(F.col("type_byte").isin(int(MessageType.STREAM_START), int(MessageType.STREAM_STOP)))
         .toArrow()
     )
-    if events.num_rows == 0:
-        return StreamEvents.empty()
     return StreamEvents.from_messages(
         events.column("seq").to_numpy(), events.column("type_byte").to_numpy(),
-        events.column("lsn").to_numpy(),
+        events.column("lsn").to_numpy(), initially_in_stream=initially_in_stream,
     )
 
 
@@ -68,6 +67,7 @@ def decode(
     columns: CaptureColumns | None = None,
     on_error: OnError = "fail",
     framing: Framing = "auto",
+    initially_in_stream: bool = False,
 ) -> DataFrame:
     """Decode a capture DataFrame into one typed row per message.
 
@@ -75,6 +75,8 @@ def decode(
     ``on_error="fail"`` makes the first undecodable message fail the job with a
     `DecodeError` (seq, LSN, message type, field, offset); ``"quarantine"`` keeps
     such rows with ``error`` and ``raw`` set (select them with `quarantined`).
+    ``initially_in_stream``: the capture slice starts inside a stream block
+    (resuming a run that ended inside one).
     """
     if on_error not in ("fail", "quarantine"):
         raise ConfigError(f"on_error must be 'fail' or 'quarantine', got {on_error!r}")
@@ -82,7 +84,7 @@ def decode(
         raise ConfigError(f"framing must be 'auto', 'none' or 'xlogdata', got {framing!r}")
     canonical = (columns or CaptureColumns()).select(capture)
     has_xid = "xid" in canonical.columns
-    events = stream_events(canonical, framing=framing)
+    events = stream_events(canonical, framing=framing, initially_in_stream=initially_in_stream)
     shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start))
     fail = on_error == "fail"
 

@@ -1,0 +1,1 @@
+"""Transactions and relation state: decoded messages -> committed, ordered changes."""

@@ -1,0 +1,188 @@
+"""Outcomes of streamed and prepared transactions, following PostgreSQL's apply worker.
+
+Plain transactions (Begin .. Commit) are resolved where their messages are: a
+change belongs to the block opened by the last Begin before it and takes effect
+at that block's Commit. Streamed and two-phase transactions need bookkeeping
+across the stream: their changes arrive in chunks interleaved with other
+transactions, and their fate (commit, abort, rollback) is decided by a later
+message, possibly in a later run. That bookkeeping lives here, as a small
+sequential state machine over the *control* messages only (a handful per
+transaction, never the changes), mirroring ``worker.c``:
+
+- Stream Start (first segment) opens an instance of a streamed transaction.
+- Stream Abort with ``subxid == xid`` discards the whole transaction; with a
+  subtransaction xid it discards, among the changes received so far, that
+  subtransaction's first change and everything after it
+  (``stream_abort_internal`` truncates the spooled changes there); an abort
+  for an xid never seen is ignored.
+- Stream Commit makes the changes take effect at its own position.
+- Prepare / Stream Prepare hold the changes under their gid; Commit Prepared
+  makes them take effect at the Commit Prepared's position; Rollback Prepared
+  discards them (and is ignored for a gid never prepared, as the apply worker
+  does for prepares from before the slot's consistent point).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ..decoder.protocol import MessageType
+from ..errors import PgoutputSparkError
+
+
+class AssemblyError(PgoutputSparkError):
+    """The transaction structure of the capture is inconsistent."""
+
+
+class Outcome(enum.Enum):
+    OPEN = "open"  # still receiving changes, or a plain block without its Commit yet
+    PREPARED = "prepared"  # prepared, waiting for Commit / Rollback Prepared
+    COMMITTED = "committed"
+    DISCARDED = "discarded"  # aborted stream, or prepared and rolled back
+
+
+@dataclass(frozen=True)
+class Control:
+    """One control message: what the state machine needs of it."""
+
+    seq: int
+    kind: MessageType
+    xid: int | None = None
+    subxid: int | None = None
+    gid: str | None = None
+    first_segment: bool = False
+    commit_lsn: int | None = None
+    end_lsn: int | None = None
+    commit_ts: object | None = None  # datetime, passed through
+    block_seq: int | None = None  # for Prepare: the seq of its Begin Prepare
+
+
+@dataclass(frozen=True)
+class Txn:
+    """A streamed transaction instance (``block_seq is None``) or a prepared block."""
+
+    xid: int
+    first_seq: int
+    block_seq: int | None = None
+    outcome: Outcome = Outcome.OPEN
+    gid: str | None = None
+    decided_seq: int | None = None  # seq of the message that decided the outcome
+    commit_lsn: int | None = None
+    end_lsn: int | None = None
+    commit_ts: object | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.block_seq is None
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Changes of streamed transaction ``xid`` with ``from_seq <= seq < to_seq`` are void."""
+
+    xid: int
+    first_seq: int  # identifies the transaction instance
+    from_seq: int
+    to_seq: int
+
+
+@dataclass
+class Ledger:
+    """Result of `resolve`: every streamed / prepared transaction seen, and discards."""
+
+    txns: list[Txn] = field(default_factory=list)
+    discards: list[Discard] = field(default_factory=list)
+
+
+def resolve(controls: Iterable[Control],
+            first_change: Mapping[tuple[int, int], list[int]]) -> Ledger:
+    """Run the state machine over control messages in seq order.
+
+    ``first_change[(top_xid, subxid)]`` lists the seqs of the first change of
+    subtransaction ``subxid`` in each streamed instance of ``top_xid`` (in seq
+    order; usually one). Changes themselves are never needed here.
+    """
+    ledger = Ledger()
+    streaming: dict[int, int] = {}  # top xid -> index in ledger.txns of its open instance
+    prepared: dict[str, int] = {}  # gid -> index of the prepared transaction
+
+    def decide(index: int, **changes: object) -> None:
+        ledger.txns[index] = replace(ledger.txns[index], **changes)  # type: ignore[arg-type]
+
+    for c in sorted(controls, key=lambda c: c.seq):
+        if c.kind is MessageType.STREAM_START:
+            assert c.xid is not None
+            if c.first_segment:
+                if c.xid in streaming:
+                    raise AssemblyError(
+                        f"Stream Start at seq {c.seq} opens transaction {c.xid} again "
+                        f"while its earlier instance is still open")
+                streaming[c.xid] = len(ledger.txns)
+                ledger.txns.append(Txn(c.xid, c.seq))
+            elif c.xid not in streaming:
+                raise AssemblyError(
+                    f"Stream Start at seq {c.seq} continues transaction {c.xid}, whose "
+                    f"first segment is not in the capture (the capture must start at "
+                    f"the slot's start or at a run boundary)")
+        elif c.kind is MessageType.STREAM_ABORT:
+            assert c.xid is not None and c.subxid is not None
+            index = streaming.get(c.xid)
+            if index is None:
+                continue  # abort of a transaction never seen: nothing to do
+            txn = ledger.txns[index]
+            if c.subxid == c.xid:
+                decide(index, outcome=Outcome.DISCARDED, decided_seq=c.seq)
+                del streaming[c.xid]
+                continue
+            starts = [s for s in first_change.get((c.xid, c.subxid), ()) if txn.first_seq <= s < c.seq]
+            if starts:
+                ledger.discards.append(Discard(c.xid, txn.first_seq, starts[0], c.seq))
+        elif c.kind is MessageType.STREAM_COMMIT:
+            assert c.xid is not None
+            index = streaming.pop(c.xid, None)
+            if index is None:
+                raise AssemblyError(
+                    f"Stream Commit at seq {c.seq} for transaction {c.xid} that was never streamed")
+            decide(index, outcome=Outcome.COMMITTED, decided_seq=c.seq, commit_lsn=c.commit_lsn,
+                   end_lsn=c.end_lsn, commit_ts=c.commit_ts)
+        elif c.kind in (MessageType.STREAM_PREPARE, MessageType.PREPARE):
+            assert c.xid is not None and c.gid is not None
+            if c.kind is MessageType.STREAM_PREPARE:
+                index = streaming.pop(c.xid, None)
+                if index is None:
+                    raise AssemblyError(
+                        f"Stream Prepare at seq {c.seq} for transaction {c.xid} that was never streamed")
+            else:
+                if c.block_seq is None:
+                    raise AssemblyError(f"Prepare at seq {c.seq} outside a Begin Prepare block")
+                index = len(ledger.txns)
+                ledger.txns.append(Txn(c.xid, c.block_seq, block_seq=c.block_seq))
+            if c.gid in prepared:
+                raise AssemblyError(f"Prepare at seq {c.seq}: gid {c.gid!r} is already prepared")
+            decide(index, outcome=Outcome.PREPARED, gid=c.gid)
+            prepared[c.gid] = index
+        elif c.kind is MessageType.COMMIT_PREPARED:
+            assert c.gid is not None
+            index = prepared.pop(c.gid, None)
+            if index is None:
+                raise AssemblyError(
+                    f"Commit Prepared at seq {c.seq} for gid {c.gid!r} that was never prepared "
+                    f"in the capture")
+            decide(index, outcome=Outcome.COMMITTED, decided_seq=c.seq, commit_lsn=c.commit_lsn,
+                   end_lsn=c.end_lsn, commit_ts=c.commit_ts)
+        elif c.kind is MessageType.ROLLBACK_PREPARED:
+            assert c.gid is not None
+            index = prepared.pop(c.gid, None)
+            if index is not None:  # else: prepared before the slot's consistent point
+                decide(index, outcome=Outcome.DISCARDED, decided_seq=c.seq)
+    return ledger
+
+
+#: Message types the state machine reads.
+CONTROL_TYPES = frozenset({
+    MessageType.STREAM_START, MessageType.STREAM_ABORT, MessageType.STREAM_COMMIT,
+    MessageType.STREAM_PREPARE, MessageType.PREPARE, MessageType.COMMIT_PREPARED,
+    MessageType.ROLLBACK_PREPARED,
+})

@@ -1,0 +1,289 @@
+"""Attach each decoded change to its transaction and the transaction's outcome.
+
+Distributed in three steps, none of which brings changes to the driver:
+
+1. **Carry-forward scan.** Every message inside a Begin / Begin Prepare block
+   gets the seq of that Begin (``block_seq``), and every message inside a stream
+   block gets the top-level xid of its Stream Start (``top_xid``). The capture
+   is cut into seq buckets; one aggregation gives, per bucket, its last Begin
+   and last Stream Start (one row per bucket reaches the driver); a window per
+   bucket fills forward, seeded with the state carried into each bucket.
+2. **Bookkeeping on the driver** (`pgoutput_spark.assemble.transactions`) of
+   streamed and prepared transactions from their control messages only.
+3. **Joins** of changes with their block (plain Begin .. Commit) or with the
+   small outcome table (streamed / prepared), and removal of the ranges that
+   subtransaction aborts discard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
+from ..decoder.protocol import MessageType
+
+#: Messages that are row changes (or take effect with a transaction).
+CHANGE_TYPES = ("insert", "update", "delete", "truncate")
+#: Non-streamed message types that always sit inside a Begin / Begin Prepare block.
+IN_BLOCK_TYPES = ("begin", "begin_prepare", "commit", "prepare", "origin", "relation", "type",
+                  "insert", "update", "delete", "truncate", "message")
+
+ROWS_PER_BUCKET = 1_000_000
+
+
+@dataclass(frozen=True)
+class ScanState:
+    """What a scan carries from the end of one run into the next."""
+
+    last_begin_seq: int | None = None  # the open Begin / Begin Prepare block, if any
+    last_stream_xid: int | None = None  # top xid of the open stream block, if any
+
+
+@dataclass
+class Assembled:
+    """Result of `assemble`: changes with their commit position, and what stays open."""
+
+    committed: DataFrame  # decoded change rows + commit_seq, commit_lsn, commit_ts, txn_xid, txn_origin
+    open_rows: DataFrame  # every row of transactions still open (kept for the next run)
+    messages: DataFrame  # logical messages that took effect (or were non-transactional)
+    ledger: Ledger
+    end_state: ScanState
+
+
+def _bucketed(messages: DataFrame, rows_per_bucket: int) -> tuple[DataFrame, int]:
+    stats = messages.agg(F.min("seq").alias("lo"), F.max("seq").alias("hi"),
+                         F.count(F.lit(1)).alias("n")).first()
+    assert stats is not None
+    lo, hi, n = stats["lo"] or 0, stats["hi"] or 0, stats["n"]
+    buckets = max(1, -(-n // rows_per_bucket))
+    width = max(1, -(-(hi - lo + 1) // buckets))
+    return messages.withColumn("_bucket", ((F.col("seq") - F.lit(lo)) / F.lit(width)).cast("long")), width
+
+
+def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> DataFrame:
+    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets."""
+    is_begin = F.col("message_type").isin("begin", "begin_prepare")
+    is_start = F.col("message_type") == "stream_start"
+    per_bucket = (
+        bucketed.groupBy("_bucket")
+        .agg(F.max(F.when(is_begin, F.col("seq"))).alias("begin_seq"),
+             F.max_by(F.when(is_start, F.col("stream_start.xid")),
+                      F.when(is_start, F.col("seq"))).alias("stream_xid"))
+        .orderBy("_bucket")
+        .collect()
+    )
+    rows = []
+    begin, xid = start.last_begin_seq, start.last_stream_xid
+    for row in per_bucket:  # one row per bucket (a million messages each)
+        rows.append((row["_bucket"], begin, xid))
+        if row["begin_seq"] is not None:
+            begin = row["begin_seq"]
+        if row["stream_xid"] is not None:
+            xid = row["stream_xid"]
+    schema = "_bucket long, _carry_begin long, _carry_xid long"
+    return spark.createDataFrame(rows, schema)
+
+
+def scan(messages: DataFrame, start: ScanState = ScanState(), *,
+         rows_per_bucket: int = ROWS_PER_BUCKET) -> tuple[DataFrame, ScanState]:
+    """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc)."""
+    spark = messages.sparkSession
+    bucketed, _ = _bucketed(messages, rows_per_bucket)
+    carry = _carry_in(spark, bucketed, start)
+    window = Window.partitionBy("_bucket").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
+    is_begin = F.col("message_type").isin("begin", "begin_prepare")
+    is_start = F.col("message_type") == "stream_start"
+    local_begin = F.last(F.when(is_begin, F.col("seq")), ignorenulls=True).over(window)
+    local_xid = F.last(F.when(is_start, F.col("stream_start.xid")), ignorenulls=True).over(window)
+    in_block = ~F.col("in_stream") & F.col("message_type").isin(*IN_BLOCK_TYPES) & ~(
+        (F.col("message_type") == "message") & ~F.col("message.transactional"))
+    scanned = (
+        bucketed.join(F.broadcast(carry), "_bucket", "left")
+        .withColumn("block_seq", F.when(in_block, F.coalesce(local_begin, F.col("_carry_begin"))))
+        .withColumn("top_xid", F.when(F.col("in_stream"), F.coalesce(local_xid, F.col("_carry_xid")))
+                    .otherwise(F.coalesce(F.col("stream_start.xid"), F.col("stream_commit.xid"),
+                                          F.col("stream_abort.xid"),
+                                          F.when(F.col("message_type") == "stream_prepare",
+                                                 F.col("prepare.xid")))))
+        .drop("_bucket", "_carry_begin", "_carry_xid")
+    )
+    end = _end_state(messages, start)
+    return scanned, end
+
+
+def _end_state(messages: DataFrame, start: ScanState) -> ScanState:
+    """The block / stream still open after the last message (for the next run)."""
+    boundary = F.col("message_type").isin("begin", "begin_prepare", "commit", "prepare")
+    stream = F.col("message_type").isin("stream_start", "stream_stop")
+    last = messages.agg(
+        F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
+        F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
+                 F.when(stream, F.col("seq"))).alias("s"),
+    ).first()
+    assert last is not None
+    begin = start.last_begin_seq
+    if last["b"] is not None:
+        begin = last["b"]["seq"] if last["b"]["message_type"] in ("begin", "begin_prepare") else None
+    xid = start.last_stream_xid
+    if last["s"] is not None:
+        xid = last["s"]["xid"] if last["s"]["message_type"] == "stream_start" else None
+    return ScanState(begin, xid)
+
+
+def _controls(scanned: DataFrame) -> list[Control]:
+    names = [MessageType(t).column_name for t in CONTROL_TYPES]
+    rows = (
+        scanned.where(F.col("message_type").isin(*names))
+        .select("seq", "message_type", "block_seq", "stream_start", "stream_abort", "stream_commit",
+                "prepare", "commit_prepared", "rollback_prepared")
+        .collect()
+    )
+    controls = []
+    for r in rows:  # control messages only: a few per streamed / prepared transaction
+        kind = MessageType[r["message_type"].upper()]
+        if kind is MessageType.STREAM_START:
+            controls.append(Control(r["seq"], kind, xid=r["stream_start"]["xid"],
+                                    first_segment=r["stream_start"]["first_segment"]))
+        elif kind is MessageType.STREAM_ABORT:
+            controls.append(Control(r["seq"], kind, xid=r["stream_abort"]["xid"],
+                                    subxid=r["stream_abort"]["subxid"]))
+        elif kind is MessageType.STREAM_COMMIT:
+            s = r["stream_commit"]
+            controls.append(Control(r["seq"], kind, xid=s["xid"], commit_lsn=s["commit_lsn"],
+                                    end_lsn=s["end_lsn"], commit_ts=s["commit_ts"]))
+        elif kind in (MessageType.PREPARE, MessageType.STREAM_PREPARE):
+            p = r["prepare"]
+            controls.append(Control(r["seq"], kind, xid=p["xid"], gid=p["gid"], block_seq=r["block_seq"]))
+        elif kind is MessageType.COMMIT_PREPARED:
+            p = r["commit_prepared"]
+            controls.append(Control(r["seq"], kind, xid=p["xid"], gid=p["gid"], commit_lsn=p["commit_lsn"],
+                                    end_lsn=p["end_lsn"], commit_ts=p["commit_ts"]))
+        else:
+            p = r["rollback_prepared"]
+            controls.append(Control(r["seq"], kind, xid=p["xid"], gid=p["gid"]))
+    return controls
+
+
+def _first_changes(scanned: DataFrame, controls: list[Control]) -> dict[tuple[int, int], list[int]]:
+    """Seq of the first streamed change of each aborted subtransaction."""
+    pairs = {(c.xid, c.subxid) for c in controls
+             if c.kind is MessageType.STREAM_ABORT and c.subxid != c.xid}
+    if not pairs:
+        return {}
+    spark = scanned.sparkSession
+    wanted = spark.createDataFrame(sorted(pairs), "top_xid long, stream_xid long")
+    rows = (
+        scanned.where(F.col("in_stream") & F.col("stream_xid").isNotNull())
+        .join(F.broadcast(wanted), ["top_xid", "stream_xid"])
+        .groupBy("top_xid", "stream_xid").agg(F.min("seq").alias("first"))
+        .collect()
+    )
+    return {(r["top_xid"], r["stream_xid"]): [r["first"]] for r in rows}
+
+
+_OUTCOME_SCHEMA = T.StructType([
+    T.StructField("o_xid", T.LongType()),
+    T.StructField("o_first_seq", T.LongType()),
+    T.StructField("o_block_seq", T.LongType()),
+    T.StructField("o_last_seq", T.LongType()),
+    T.StructField("o_outcome", T.StringType()),
+    T.StructField("o_decided_seq", T.LongType()),
+    T.StructField("o_commit_lsn", T.LongType()),
+    T.StructField("o_commit_ts", T.TimestampType()),
+])
+
+
+def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame]:
+    big = (1 << 63) - 1
+    rows = [(t.xid, t.first_seq, t.block_seq,
+             t.decided_seq if t.decided_seq is not None else big,
+             t.outcome.value, t.decided_seq, t.commit_lsn, t.commit_ts) for t in ledger.txns]
+    discards = [(d.xid, d.from_seq, d.to_seq) for d in ledger.discards]
+    return (spark.createDataFrame(rows, _OUTCOME_SCHEMA),
+            spark.createDataFrame(discards, "d_xid long, d_from long, d_to long"))
+
+
+def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
+             pending: DataFrame | None = None,
+             rows_per_bucket: int = ROWS_PER_BUCKET) -> Assembled:
+    """Attach commit positions to the changes of a decoded capture (good rows only).
+
+    ``pending`` are the ``open_rows`` of the previous run (already scanned) and
+    ``start`` its ``end_state``: together they carry open transactions over.
+    """
+    spark = decoded.sparkSession
+    messages = decoded.where(F.col("error").isNull())
+    scanned, end = scan(messages, start, rows_per_bucket=rows_per_bucket)
+    if pending is not None:
+        scanned = scanned.unionByName(pending.select(*scanned.columns))
+    scanned = scanned.persist()
+    controls = _controls(scanned)
+    ledger = resolve(controls, _first_changes(scanned, controls))
+    outcomes, discards = _outcomes(spark, ledger)
+
+    # Plain and prepared blocks: one row per Begin with its end and origin.
+    blocks = scanned.where(F.col("block_seq").isNotNull()).groupBy(F.col("block_seq").alias("b_seq")).agg(
+        F.max(F.coalesce(F.col("begin.xid"), F.col("prepare.xid"))).alias("b_xid"),
+        F.max(F.when(F.col("message_type") == "commit", F.col("seq"))).alias("b_commit_seq"),
+        F.max(F.col("commit.commit_lsn")).alias("b_commit_lsn"),
+        F.max(F.col("commit.commit_ts")).alias("b_commit_ts"),
+        F.max(F.when(F.col("message_type") == "prepare", F.col("seq"))).alias("b_prepare_seq"),
+        F.max_by(F.col("origin.name"), F.when(F.col("message_type") == "origin", F.col("seq")))
+        .alias("b_origin"),
+    )
+    streamed_origin = scanned.where((F.col("message_type") == "origin") & F.col("in_stream")).groupBy(
+        F.col("top_xid").alias("s_xid")).agg(F.max_by("origin.name", "seq").alias("s_origin"))
+
+    block_rows = scanned.where(F.col("block_seq").isNotNull()).join(
+        blocks, F.col("block_seq") == F.col("b_seq"), "left")
+    block_rows = block_rows.join(
+        F.broadcast(outcomes), F.col("block_seq") == F.col("o_block_seq"), "left")
+    block_rows = block_rows.select(
+        "*",
+        F.when(F.col("b_commit_seq").isNotNull(), F.lit("committed"))
+        .when(F.col("b_prepare_seq").isNotNull(), F.coalesce(F.col("o_outcome"), F.lit("prepared")))
+        .otherwise(F.lit("open")).alias("outcome"),
+        F.coalesce(F.col("b_commit_seq"), F.col("o_decided_seq")).alias("commit_seq"),
+        F.coalesce(F.col("b_commit_lsn"), F.col("o_commit_lsn")).alias("commit_lsn"),
+        F.coalesce(F.col("b_commit_ts"), F.col("o_commit_ts")).alias("commit_ts"),
+        F.col("b_xid").alias("txn_xid"),
+        F.col("b_origin").alias("txn_origin"),
+    )
+
+    stream_rows = scanned.where(F.col("top_xid").isNotNull()).join(
+        F.broadcast(outcomes),
+        (F.col("top_xid") == F.col("o_xid")) & F.col("o_block_seq").isNull()
+        & (F.col("seq") >= F.col("o_first_seq")) & (F.col("seq") <= F.col("o_last_seq")),
+        "left",
+    ).join(
+        F.broadcast(discards),
+        (F.col("top_xid") == F.col("d_xid")) & (F.col("seq") >= F.col("d_from")) & (F.col("seq") < F.col("d_to")),
+        "left_anti",
+    ).join(F.broadcast(streamed_origin), F.col("top_xid") == F.col("s_xid"), "left")
+    stream_rows = stream_rows.select(
+        "*",
+        F.coalesce(F.col("o_outcome"), F.lit("open")).alias("outcome"),
+        F.col("o_decided_seq").alias("commit_seq"),
+        F.col("o_commit_lsn").alias("commit_lsn"),
+        F.col("o_commit_ts").alias("commit_ts"),
+        F.col("top_xid").alias("txn_xid"),
+        F.col("s_origin").alias("txn_origin"),
+    )
+    keep = [*decoded.columns, "block_seq", "top_xid", "outcome", "commit_seq", "commit_lsn",
+            "commit_ts", "txn_xid", "txn_origin"]
+    rows = block_rows.select(*keep).unionByName(stream_rows.select(*keep))
+    committed = rows.where((F.col("outcome") == "committed") & F.col("message_type").isin(*CHANGE_TYPES))
+    open_rows = rows.where(F.col("outcome").isin(Outcome.OPEN.value, Outcome.PREPARED.value)).select(
+        *decoded.columns, "block_seq", "top_xid")
+    transactional = rows.where((F.col("outcome") == "committed") & (F.col("message_type") == "message"))
+    non_transactional = scanned.where(
+        (F.col("message_type") == "message") & ~F.col("message.transactional"))
+    messages_out = transactional.select(
+        "seq", "message.*", "commit_lsn", "commit_ts").unionByName(
+        non_transactional.select("seq", "message.*", F.lit(None).cast("long").alias("commit_lsn"),
+                                 F.lit(None).cast("timestamp").alias("commit_ts")))
+    return Assembled(committed, open_rows, messages_out, ledger, end)

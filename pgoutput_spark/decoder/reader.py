@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import TupleKind
+from .protocol import PG_EPOCH_OFFSET_US, TupleKind
+
+# Spark's timestamp range, 0001-01-01 .. 9999-12-31 23:59:59.999999 UTC, in
+# microseconds since PostgreSQL's epoch.
+_TS_MIN = -62_135_596_800_000_000 - PG_EPOCH_OFFSET_US
+_TS_MAX = 253_402_300_799_999_999 - PG_EPOCH_OFFSET_US
 
 
 class ErrorCode(enum.IntEnum):
@@ -225,17 +230,18 @@ class Cursor:
         return value.astype(np.int64)
 
     def timestamp(self, field: str) -> np.ndarray:
-        """A TimestampTz (microseconds since 2000-01-01) as microseconds since 1970."""
-        from .protocol import PG_EPOCH_OFFSET_US
+        """A TimestampTz (microseconds since 2000-01-01) as microseconds since 1970.
 
+        These are server clock readings (commit, prepare, abort times); values
+        outside Spark's timestamp range, years 0001 to 9999, are errors.
+        """
         value = self._read(self.rows, self.pos, 8, ">i8", field).astype(np.int64)
-        limit = np.iinfo(np.int64).max - PG_EPOCH_OFFSET_US
-        high = value > limit
-        if high.any():
-            self.r.fail(self.rows[high], f"{self.name}.{field}", ErrorCode.OUT_OF_RANGE,
-                        self.pos[high], text="timestamp past the representable range")
+        outside = (value < _TS_MIN) | (value > _TS_MAX)
+        if outside.any():
+            self.r.fail(self.rows[outside], f"{self.name}.{field}", ErrorCode.OUT_OF_RANGE,
+                        self.pos[outside], text="timestamp outside years 0001..9999")
         self.pos += 8
-        return np.where(high, 0, value) + PG_EPOCH_OFFSET_US
+        return np.where(outside, 0, value) + PG_EPOCH_OFFSET_US
 
     def cstring(self, field: str) -> tuple[np.ndarray, np.ndarray]:
         """A NUL-terminated string: (start, length) of its bytes, NUL excluded."""

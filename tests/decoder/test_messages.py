@@ -159,3 +159,9 @@ def test_decode_error_survives_pickling():
     clone = pickle.loads(pickle.dumps(info.value))
     assert (str(clone), clone.seq, clone.lsn, clone.field) == (
         str(info.value), 5, 7, info.value.field)
+
+
+def test_commit_time_past_year_9999_is_a_decode_error():
+    data = bytes.fromhex("430000000000016b374800000000016b3780040000000001e240")
+    with pytest.raises(DecodeError, match="Commit.commit_ts: value at offset 18 out of range"):
+        decode_message(data)

@@ -1,6 +1,7 @@
 """The ``pgoutput-spark`` command line.
 
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
+    pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
 
 Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
 bad arguments.
@@ -42,7 +43,30 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--quarantine", help="Delta table receiving undecodable messages")
     decode.add_argument("--output", help="also write the decoded messages here (Parquet)")
     decode.add_argument("--master", help="Spark master (default from the configuration)")
+    changes = sub.add_parser("changes", help="write committed, typed changes to Delta change tables")
+    changes.add_argument("--config", help="configuration file (default: built-in defaults)")
+    changes.add_argument("--capture", help="capture path (Parquet folder or Delta table)")
+    changes.add_argument("--target", required=True, help="target root (change tables, state)")
+    changes.add_argument("--pipeline", default="default", help="pipeline name (Delta txnAppId prefix)")
+    changes.add_argument("--format", choices=["auto", "parquet", "delta"])
+    changes.add_argument("--on-error", choices=["fail", "quarantine"])
+    changes.add_argument("--quarantine", help=argparse.SUPPRESS)
+    changes.add_argument("--master", help="Spark master (default from the configuration)")
     return parser
+
+
+def run_changes_command(config: Config, target: str, pipeline: str) -> str:
+    from .changefeed import run_changes
+    from .spark.session import build_spark_session
+
+    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
+    xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
+    columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
+                             config.capture.data_column, xid)
+    result = run_changes(spark, capture, target, columns=columns, pipeline=pipeline,
+                         on_error=config.decode.on_error)  # type: ignore[arg-type]
+    return result.render()
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
@@ -93,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _apply_overrides(load_config(args.config), args)
         if args.command == "decode":
             print(run_decode(config, args.output))
+        elif args.command == "changes":
+            print(run_changes_command(config, args.target, args.pipeline))
         return 0
     except PgoutputSparkError as exc:
         print(f"pgoutput-spark: error: {exc}", file=sys.stderr)

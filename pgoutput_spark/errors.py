@@ -74,3 +74,66 @@ def _rebuild_decode_error(reason, field, offset, message_type, seq, lsn):  # typ
 
 class StreamStateError(DecodeError):
     """Stream Start / Stream Stop messages do not alternate in the capture."""
+
+
+class TypeConversionError(PgoutputSparkError):
+    """A column value could not be converted to its Arrow type.
+
+    Carries the PostgreSQL type (``type_name``, e.g. ``numeric(10,2)``), the
+    wire format (``text`` / ``binary``), the index of the value in the array
+    being converted, the raw value and a reason. ``str()`` gives one line::
+
+        can't convert text value '2024-13-01' at index 3 to date: month 13 out of range
+
+    ``value`` is None (and ``index`` too) when the failure concerns the type
+    itself rather than one value, e.g. a type OID with no Type message. A
+    caller that adds context (the table and column) may pass only a reason.
+    """
+
+    MAX_SHOWN = 80
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        type_name: str | None = None,
+        format: str | None = None,
+        value: bytes | None = None,
+        index: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.type_name = type_name
+        self.format = format
+        self.value = value
+        self.index = index
+        super().__init__(self._format())
+
+    @classmethod
+    def show(cls, value: bytes) -> str:
+        """`value` for a message: the text when it is UTF-8, else the bytes; truncated."""
+        try:
+            shown = repr(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            shown = repr(value)
+        if len(shown) > cls.MAX_SHOWN:
+            shown = shown[: cls.MAX_SHOWN - 3] + "..."
+        return shown
+
+    def _format(self) -> str:
+        if self.type_name is None:
+            return self.reason
+        if self.value is None:
+            return f"can't convert {self.type_name}: {self.reason}"
+        fmt = f"{self.format} " if self.format else ""
+        at = f" at index {self.index}" if self.index is not None else ""
+        return f"can't convert {fmt}value {self.show(self.value)}{at} to {self.type_name}: {self.reason}"
+
+    def __reduce__(self):  # keep the fields when Spark pickles the error
+        return (
+            _rebuild_type_conversion_error,
+            (self.reason, self.type_name, self.format, self.value, self.index),
+        )
+
+
+def _rebuild_type_conversion_error(reason, type_name, format, value, index):  # type: ignore[no-untyped-def]
+    return TypeConversionError(reason, type_name=type_name, format=format, value=value, index=index)

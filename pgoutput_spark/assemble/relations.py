@@ -1,0 +1,119 @@
+"""Relation state: the schema history of every relation OID, keyed by stream position.
+
+pgoutput sends a Relation message once per walsender session, and again when
+the relation's schema changes (Type messages likewise for non-built-in column
+types), so the schema of a change is the last Relation message for its OID
+before it in the stream, often from an earlier run. The history is small (a
+handful of messages per relation and session): it lives on the driver, is
+persisted by the job, and is shipped to tasks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..convert import PgType, arrow_type, resolve
+from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
+from ..errors import PgoutputSparkError
+
+
+class UnknownRelationError(PgoutputSparkError):
+    """A change refers to a relation OID whose Relation message was never seen."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_oid: int
+    type_modifier: int
+    is_key: bool
+
+
+@dataclass(frozen=True)
+class RelationVersion:
+    """One Relation message: the relation's published columns from ``seq`` on."""
+
+    seq: int
+    relation_id: int
+    namespace: str
+    name: str
+    replica_identity: ReplicaIdentity
+    columns: tuple[Column, ...]
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.is_key)
+
+    @classmethod
+    def from_row(cls, seq: int, relation: dict) -> "RelationVersion":  # type: ignore[type-arg]
+        return cls(
+            seq=seq,
+            relation_id=relation["relation_id"],
+            namespace=relation["namespace"],
+            name=relation["relation_name"],
+            replica_identity=ReplicaIdentity(relation["replica_identity"]),
+            columns=tuple(Column(c["name"], c["type_oid"], c["type_modifier"],
+                                 bool(c["flags"] & COLUMN_FLAG_KEY)) for c in relation["columns"]),
+        )
+
+
+@dataclass(frozen=True)
+class TypeVersion:
+    seq: int
+    type_id: int
+    namespace: str
+    name: str
+
+
+@dataclass
+class RelationHistory:
+    """All Relation and Type messages seen, in stream order."""
+
+    relations: dict[int, list[RelationVersion]] = field(default_factory=dict)
+    types: dict[int, list[TypeVersion]] = field(default_factory=dict)
+
+    def add(self, versions: Iterable[RelationVersion | TypeVersion]) -> None:
+        for v in versions:
+            if isinstance(v, RelationVersion):
+                bucket: list = self.relations.setdefault(v.relation_id, [])  # type: ignore[type-arg]
+            else:
+                bucket = self.types.setdefault(v.type_id, [])
+            if all(existing.seq != v.seq for existing in bucket):
+                bucket.append(v)
+                bucket.sort(key=lambda x: x.seq)
+
+    def version_at(self, relation_id: int, seq: int) -> RelationVersion:
+        """The relation's schema for a change at ``seq``."""
+        versions = self.relations.get(relation_id, [])
+        i = bisect.bisect_left([v.seq for v in versions], seq) - 1
+        if i < 0:
+            raise UnknownRelationError(
+                f"change at seq {seq} refers to relation OID {relation_id}, but no Relation "
+                f"message for it precedes it in the capture or in earlier runs")
+        return versions[i]
+
+    def pg_type(self, column: Column, seq: int) -> PgType:
+        """The column's type as of ``seq`` (Type messages resolve non-built-in OIDs)."""
+        names: dict[int, tuple[str, str]] = {}
+        versions = self.types.get(column.type_oid, [])
+        earlier = [v for v in versions if v.seq < seq]
+        if earlier:
+            names[column.type_oid] = (earlier[-1].namespace, earlier[-1].name)
+        return resolve(column.type_oid, column.type_modifier, names)
+
+    def latest(self, relation_id: int) -> RelationVersion:
+        return self.relations[relation_id][-1]
+
+    def table_columns(self, relation_id: int) -> list[tuple[str, object]]:
+        """(name, Arrow type) of every column any version had, in first-seen order.
+
+        A column keeps the type of its latest version; earlier values are cast
+        to it when written (a narrowing cast fails there, loudly).
+        """
+        out: dict[str, object] = {}
+        for version in self.relations[relation_id]:
+            for column in version.columns:
+                out[column.name] = arrow_type(self.pg_type(column, version.seq + 1))
+        return list(out.items())

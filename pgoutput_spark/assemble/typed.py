@@ -1,0 +1,161 @@
+"""Typed change rows of one table, from committed decoded changes (Arrow in, Arrow out).
+
+Each output row is one committed change: metadata columns prefixed ``_``
+(operation, commit position, xid, origin, unchanged-TOAST column names), the
+old key / old row as a struct when pgoutput sent one, and the new values as
+typed columns named like the source columns. Values are converted column by
+column with `pgoutput_spark.convert` over whole batches; rows are grouped by
+the Relation version in effect at their position, so a schema change inside a
+batch is handled by converting each version's rows with its own column list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..convert import convert
+from ..errors import TypeConversionError
+from .relations import RelationHistory, RelationVersion
+
+META_FIELDS = [
+    pa.field("_op", pa.string()),
+    pa.field("_commit_lsn", pa.int64()),
+    pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_commit_seq", pa.int64()),
+    pa.field("_seq", pa.int64()),
+    pa.field("_xid", pa.int64()),
+    pa.field("_origin", pa.string()),
+    pa.field("_unchanged_toast", pa.list_(pa.string())),
+    pa.field("_old_kind", pa.string()),
+]
+
+
+def change_schema(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
+    """The Arrow schema of a table's change rows."""
+    names = [name for name, _ in columns]
+    clash = sorted(set(names) & ({f.name for f in META_FIELDS} | {"_old"}))
+    if clash:
+        raise TypeConversionError(f"source columns {clash} clash with change-feed metadata columns")
+    old = pa.struct([pa.field(name, type_) for name, type_ in columns])
+    return pa.schema([*META_FIELDS, pa.field("_old", old),
+                      *[pa.field(name, type_) for name, type_ in columns]])
+
+
+def _tuple_column(tuples: pa.ListArray, rows: np.ndarray, j: int) -> tuple[pa.Array, pa.Array]:
+    """(kind, value) of column ``j`` of the tuples at ``rows`` (NULL where no tuple)."""
+    offsets = tuples.offsets.to_numpy()
+    present = ~np.asarray(tuples.is_null())[rows]
+    index = np.where(present, offsets[rows] + j, 0)
+    flat = tuples.values
+    take = pa.array(index, mask=~present)
+    return flat.field("kind").take(take), flat.field("value").take(take)
+
+
+def _convert_values(kind: pa.Array, value: pa.Array, version: RelationVersion, history: RelationHistory,
+                    j: int, target: pa.DataType) -> pa.Array:
+    column = version.columns[j]
+    pg_type = history.pg_type(column, version.seq + 1)
+    text = pc.fill_null(pc.equal(kind, "t"), False)
+    binary = pc.fill_null(pc.equal(kind, "b"), False)
+    try:
+        if not pc.any(binary).as_py():
+            out = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type, format="text")
+        else:
+            as_text = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type,
+                              format="text")
+            as_binary = convert(pc.if_else(binary, value, pa.nulls(len(value), pa.binary())), pg_type,
+                                format="binary")
+            out = pc.if_else(binary, as_binary, as_text)
+    except TypeConversionError as exc:
+        raise TypeConversionError(
+            f"{version.namespace}.{version.name}.{column.name}: {exc}") from exc
+    return out if out.type == target else out.cast(target)
+
+
+def _typed_tuple(tuples: pa.ListArray, rows: np.ndarray, version: RelationVersion,
+                 history: RelationHistory, schema: pa.Schema) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Typed columns of one version's tuples, and a rows x columns 'unchanged TOAST' matrix."""
+    out: dict[str, pa.Array] = {}
+    unchanged = np.zeros((rows.size, len(version.columns)), dtype=bool)
+    for j, column in enumerate(version.columns):
+        kind, value = _tuple_column(tuples, rows, j)
+        unchanged[:, j] = np.asarray(pc.fill_null(pc.equal(kind, "u"), False))
+        out[column.name] = _convert_values(kind, value, version, history, j,
+                                           schema.field(column.name).type)
+    return out, unchanged
+
+
+def _unchanged_lists(unchanged: np.ndarray, names: list[str]) -> pa.Array:
+    rows, cols = np.nonzero(unchanged)
+    counts = np.bincount(rows, minlength=unchanged.shape[0])
+    offsets = np.zeros(unchanged.shape[0] + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.asarray(names, dtype=object)[cols],
+                                                                 type=pa.string()))
+
+
+def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHistory,
+                  schema: pa.Schema) -> pa.RecordBatch:
+    """Typed change rows of ``relation_id`` from committed change rows.
+
+    ``batch`` holds assembled rows (``seq``, ``message_type``, ``change``,
+    ``truncate``, ``commit_seq``, ``commit_lsn``, ``commit_ts``, ``txn_xid``,
+    ``txn_origin``) of this relation only.
+    """
+    n = batch.num_rows
+    seq = batch.column("seq").to_numpy()
+    op = batch.column("message_type")
+    change = batch.column("change")
+    new_tuples = change.field("new_tuple")
+    old_tuples = change.field("old_tuple")
+    data_names = [f.name for f in schema if not f.name.startswith("_")]
+    old_type = schema.field("_old").type
+    columns = {name: pa.nulls(n, schema.field(name).type) for name in data_names}
+    old_columns = {f.name: pa.nulls(n, f.type) for f in old_type}
+    unchanged_lists = pa.nulls(n, pa.list_(pa.string()))
+
+    is_change = np.asarray(pc.fill_null(pc.not_equal(op, "truncate"), False))
+    change_rows = np.flatnonzero(is_change)
+    version_of = np.full(n, -1, dtype=np.int64)
+    versions = history.relations.get(relation_id, [])
+    if change_rows.size:
+        starts = np.array([v.seq for v in versions], dtype=np.int64)
+        version_of[change_rows] = np.searchsorted(starts, seq[change_rows], side="left") - 1
+        missing = change_rows[version_of[change_rows] < 0]
+        if missing.size:
+            history.version_at(relation_id, int(seq[missing[0]]))  # raises UnknownRelationError
+    parts: list[tuple[np.ndarray, dict[str, pa.Array], dict[str, pa.Array], pa.Array]] = []
+    for v in np.unique(version_of[change_rows]):
+        version = versions[int(v)]
+        rows = np.flatnonzero(version_of == v)
+        new, unchanged = _typed_tuple(new_tuples, rows, version, history, schema)
+        old, _ = _typed_tuple(old_tuples, rows, version, history, schema)
+        parts.append((rows, new, old, _unchanged_lists(unchanged, [c.name for c in version.columns])))
+    if parts:
+        index = np.full(n, -1, dtype=np.int64)
+        base = 0
+        for rows, *_ in parts:
+            index[rows] = base + np.arange(rows.size)
+            base += rows.size
+        take = pa.array(index, mask=index < 0)
+
+        def scatter(name: str, pick, type_: pa.DataType) -> pa.Array:  # type: ignore[no-untyped-def]
+            chunks = [pick(p).get(name, pa.nulls(p[0].size, type_)) for p in parts]
+            return pa.concat_arrays([c.cast(type_) for c in chunks]).take(take)
+
+        columns = {name: scatter(name, lambda p: p[1], schema.field(name).type) for name in data_names}
+        old_columns = {f.name: scatter(f.name, lambda p: p[2], f.type) for f in old_type}
+        unchanged_lists = pa.concat_arrays([p[3] for p in parts]).take(take)
+    has_old = np.asarray(old_tuples.is_valid())
+    old_struct = pa.StructArray.from_arrays(list(old_columns.values()), fields=list(old_type),
+                                            mask=pa.array(~has_old))
+    meta = [
+        op, batch.column("commit_lsn"), batch.column("commit_ts").cast(pa.timestamp("us", tz="UTC")),
+        batch.column("commit_seq"), batch.column("seq"), batch.column("txn_xid"),
+        batch.column("txn_origin"), unchanged_lists, change.field("old_kind"),
+    ]
+    return pa.RecordBatch.from_arrays([*meta, old_struct, *columns.values()], schema=schema)

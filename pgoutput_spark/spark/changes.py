@@ -1,0 +1,38 @@
+"""Per-table typed change DataFrames from assembled (committed) change rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from ..assemble.relations import RelationHistory
+from ..assemble.typed import change_schema, typed_changes
+
+_NEEDED = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
+           "txn_xid", "txn_origin"]
+
+
+def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
+    """Committed changes of one relation, truncates included (one row per truncated table)."""
+    is_truncate = F.col("message_type") == "truncate"
+    return committed.where(
+        (~is_truncate & (F.col("change.relation_id") == relation_id))
+        | (is_truncate & F.array_contains(F.col("truncate.relation_ids"), relation_id))
+    ).select(*_NEEDED)
+
+
+def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory) -> DataFrame:
+    """The typed change rows of one relation (schema: `change_schema`)."""
+    schema = change_schema(history.table_columns(relation_id))  # type: ignore[arg-type]
+    shared = committed.sparkSession.sparkContext.broadcast(history)
+
+    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        relations = shared.value
+        for batch in batches:
+            yield typed_changes(batch, relation_id, relations, schema)
+
+    return relation_rows(committed, relation_id).mapInArrow(convert, from_arrow_schema(schema))

@@ -18,14 +18,13 @@ and read back by the next run only.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .assemble.relations import RelationHistory, RelationVersion, TypeVersion
+from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
 from .spark.assemble import ScanState, assemble
 from .spark.changes import typed_change_frame
@@ -87,7 +86,7 @@ class _State:
         history = RelationHistory()
         if _exists(self.spark, self.relations_path):
             rows = self.spark.read.format("delta").load(self.relations_path).collect()
-            history.add(_versions(rows))
+            history.add(versions_from_rows(rows))
         return history
 
     def pending(self, hi: int | None, columns: list[str]) -> DataFrame | None:
@@ -97,20 +96,9 @@ class _State:
             F.col("_run_hi") == hi).drop("_run_hi")
 
 
-def _versions(rows: list[Any]) -> list[RelationVersion | TypeVersion]:
-    out: list[RelationVersion | TypeVersion] = []
-    for r in rows:
-        if r["relation"] is not None:
-            out.append(RelationVersion.from_row(r["seq"], r["relation"].asDict(recursive=True)))
-        elif r["type"] is not None:
-            t = r["type"]
-            out.append(TypeVersion(r["seq"], t["type_id"], t["namespace"], t["name"]))
-    return out
-
-
 def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 columns: CaptureColumns | None = None, pipeline: str = "default",
-                on_error: OnError = "fail") -> ChangesResult:
+                on_error: OnError = "fail", skip_origins: tuple[str, ...] = ()) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``."""
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
@@ -134,22 +122,21 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     decoded = decode(window, on_error=on_error,
                      initially_in_stream=scan_in.last_stream_xid is not None).persist()
     try:
-        return _apply(spark, state, decoded, scan_in, lo, hi)
+        return _apply(spark, state, decoded, scan_in, lo, hi, skip_origins)
     finally:
         decoded.unpersist()
 
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
-           lo: int | None, hi: int) -> ChangesResult:
-    started_at = time.monotonic()
+           lo: int | None, hi: int, skip_origins: tuple[str, ...]) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
-    history.add(_versions(new_meta))
+    history.add(versions_from_rows(new_meta))
     if new_meta:
         _append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
     pending = state.pending(lo, decoded.columns)
-    assembled = assemble(decoded, scan_in, pending=pending)
+    assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)
     committed = assembled.committed.persist()
     counts: dict[str, int] = {}
     try:
@@ -172,5 +159,4 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()))
-    del started_at
     return ChangesResult(lo, hi, n_messages, counts, n_open)

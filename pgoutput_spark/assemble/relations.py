@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass, field
 
 from ..convert import PgType, arrow_type, resolve
@@ -117,3 +118,15 @@ class RelationHistory:
             for column in version.columns:
                 out[column.name] = arrow_type(self.pg_type(column, version.seq + 1))
         return list(out.items())
+
+
+def versions_from_rows(rows: Iterable[Any]) -> list[RelationVersion | TypeVersion]:
+    """Relation / Type versions from decoded rows having ``seq``, ``relation``, ``type``."""
+    out: list[RelationVersion | TypeVersion] = []
+    for r in rows:
+        if r["relation"] is not None:
+            out.append(RelationVersion.from_row(r["seq"], r["relation"].asDict(recursive=True)))
+        elif r["type"] is not None:
+            t = r["type"]
+            out.append(TypeVersion(r["seq"], t["type_id"], t["namespace"], t["name"]))
+    return out

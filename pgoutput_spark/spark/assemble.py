@@ -209,11 +209,14 @@ def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame
 
 def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
              pending: DataFrame | None = None,
+             skip_origins: tuple[str, ...] = (),
              rows_per_bucket: int = ROWS_PER_BUCKET) -> Assembled:
     """Attach commit positions to the changes of a decoded capture (good rows only).
 
     ``pending`` are the ``open_rows`` of the previous run (already scanned) and
     ``start`` its ``end_state``: together they carry open transactions over.
+    Transactions whose origin (Origin message) is in ``skip_origins`` change
+    nothing, as with a subscription's ``origin = none``.
     """
     spark = decoded.sparkSession
     messages = decoded.where(F.col("error").isNull())
@@ -276,6 +279,8 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     keep = [*decoded.columns, "block_seq", "top_xid", "outcome", "commit_seq", "commit_lsn",
             "commit_ts", "txn_xid", "txn_origin"]
     rows = block_rows.select(*keep).unionByName(stream_rows.select(*keep))
+    if skip_origins:
+        rows = rows.where(F.col("txn_origin").isNull() | ~F.col("txn_origin").isin(*skip_origins))
     committed = rows.where((F.col("outcome") == "committed") & F.col("message_type").isin(*CHANGE_TYPES))
     open_rows = rows.where(F.col("outcome").isin(Outcome.OPEN.value, Outcome.PREPARED.value)).select(
         *decoded.columns, "block_seq", "top_xid")

@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ..assemble.relations import RelationHistory
+from ..assemble.relations import RelationHistory, versions_from_rows
 from ..assemble.typed import change_schema, typed_changes
 
 _NEEDED = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
@@ -36,3 +36,24 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
             yield typed_changes(batch, relation_id, relations, schema)
 
     return relation_rows(committed, relation_id).mapInArrow(convert, from_arrow_schema(schema))
+
+
+def history_of(decoded: DataFrame) -> RelationHistory:
+    """The relation history of a decoded capture (its Relation and Type messages)."""
+    history = RelationHistory()
+    history.add(versions_from_rows(decoded.where(F.col("message_type").isin("relation", "type"))
+                          .select("seq", "relation", "type").collect()))
+    return history
+
+
+def change_frames(decoded: DataFrame, *, skip_origins: tuple[str, ...] = ()) -> dict[str, DataFrame]:
+    """Typed change DataFrames per table (``schema.table``) of a decoded capture, for notebooks.
+
+    Nothing is written; transactions still open at the end of the capture are left out.
+    """
+    from .assemble import assemble
+
+    history = history_of(decoded)
+    committed = assemble(decoded, skip_origins=skip_origins).committed
+    return {f"{versions[-1].namespace}.{versions[-1].name}": typed_change_frame(committed, oid, history)
+            for oid, versions in history.relations.items()}

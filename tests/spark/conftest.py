@@ -14,7 +14,7 @@ from ..plugins.postgres import new_database
 ROWS = 300  # x 400-byte pad: past logical_decoding_work_mem = 64kB, so it streams
 
 
-def _workload(pg: PgCluster, db: str) -> None:
+def _workload(pg: PgCluster, db: str, *, test_decoding: bool = True) -> None:
     pg.execute("""
         CREATE TABLE a (id int PRIMARY KEY, v text);
         CREATE TABLE b (id int PRIMARY KEY, a_id int REFERENCES a, v text);
@@ -23,7 +23,8 @@ def _workload(pg: PgCluster, db: str) -> None:
         CREATE PUBLICATION pub FOR ALL TABLES;
     """, dbname=db)
     pg.create_slot("po", "pgoutput", two_phase=True, dbname=db)
-    pg.create_slot("td", "test_decoding", dbname=db)
+    if test_decoding:  # PostgreSQL 16 from pgserver ships no test_decoding
+        pg.create_slot("td", "test_decoding", dbname=db)
     pad = "repeat('x', 400)"
     statements = [
         "INSERT INTO a VALUES (1, 'one'), (2, 'two')",
@@ -40,6 +41,11 @@ def _workload(pg: PgCluster, db: str) -> None:
             INSERT INTO a VALUES (5000, 'kept');
             RELEASE s2;
             DELETE FROM a WHERE id = 100;
+            COMMIT""",
+        # A schema change inside a streamed transaction: the Relation message
+        # travels inside the stream block.
+        f"""BEGIN; ALTER TABLE a ADD COLUMN extra bigint;
+            INSERT INTO a SELECT g, {pad}, g * 2 FROM generate_series(3000, 3000 + {ROWS}) g;
             COMMIT""",
         # Streamed and aborted whole.
         f"BEGIN; INSERT INTO a SELECT g, {pad} FROM generate_series(2000, 2000 + {ROWS}) g; ROLLBACK",
@@ -95,3 +101,16 @@ def captured(pg15):
     return messages, [o for o in oracle if isinstance(o, (Change, Truncate))]
 
 
+
+
+@pytest.fixture(scope="session")
+def captured_pg16(pg16):
+    """The same workload on PostgreSQL 16, protocol 4 with parallel streaming, and the
+    tables' final contents (the oracle)."""
+    db = new_database(pg16, "assemble16")
+    _workload(pg16, db, test_decoding=False)
+    messages = pg16.peek_pgoutput("po", publications=["pub"], proto_version=4, streaming="parallel",
+                                  two_phase=True, messages=True, dbname=db)
+    assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)
+    tables = {t: pg16.query(f"SELECT * FROM {t}", dbname=db) for t in ("a", "b", "c")}
+    return messages, tables

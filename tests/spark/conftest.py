@@ -25,12 +25,23 @@ def _workload(pg: PgCluster, db: str, *, test_decoding: bool = True) -> None:
     pg.create_slot("po", "pgoutput", two_phase=True, dbname=db)
     if test_decoding:  # PostgreSQL 16 from pgserver ships no test_decoding
         pg.create_slot("td", "test_decoding", dbname=db)
+        # Slots for the older protocols, without two-phase decoding.
+        pg.create_slot("po1", "pgoutput", dbname=db)
+        pg.create_slot("po2", "pgoutput", dbname=db)
     pad = "repeat('x', 400)"
     statements = [
         "INSERT INTO a VALUES (1, 'one'), (2, 'two')",
         "UPDATE a SET v = 'uno' WHERE id = 1",
         "UPDATE a SET id = 10 WHERE id = 2",
         "INSERT INTO c VALUES ('k', 1), ('k', 1)",
+        # A transaction replayed from another node: it carries an Origin message.
+        "SELECT pg_replication_origin_create('upstream')",
+        """SELECT pg_replication_origin_session_setup('upstream');
+           BEGIN;
+           SELECT pg_replication_origin_xact_setup('0/ABC', now());
+           INSERT INTO a VALUES (9000, 'from upstream');
+           COMMIT;
+           SELECT pg_replication_origin_session_reset()""",
         # Streamed, with a large subtransaction rolled back and a small one kept.
         f"""BEGIN;
             INSERT INTO a SELECT g, {pad} FROM generate_series(100, 100 + {ROWS}) g;
@@ -89,9 +100,25 @@ def _workload(pg: PgCluster, db: str, *, test_decoding: bool = True) -> None:
 
 
 @pytest.fixture(scope="session")
-def captured(pg15):
+def workload_db(pg15):
     db = new_database(pg15, "assemble")
     _workload(pg15, db)
+    return db
+
+
+@pytest.fixture(scope="session")
+def captured_by_protocol(pg15, workload_db):
+    """The workload as protocol 1 (nothing streamed) and protocol 2 (streamed) send it."""
+    return {
+        1: pg15.peek_pgoutput("po1", publications=["pub"], proto_version=1, dbname=workload_db),
+        2: pg15.peek_pgoutput("po2", publications=["pub"], proto_version=2, streaming="on",
+                              messages=True, dbname=workload_db),
+    }
+
+
+@pytest.fixture(scope="session")
+def captured(pg15, workload_db):
+    db = workload_db
     messages = pg15.peek_pgoutput("po", publications=["pub"], proto_version=3, streaming="on",
                                   two_phase=True, messages=True, dbname=db)
     oracle = [parse_line(text) for _, _, text in pg15.peek_test_decoding(
@@ -99,8 +126,6 @@ def captured(pg15):
     kinds = {m.data[:1] for m in messages}
     assert {b"S", b"E", b"A", b"c", b"p", b"K", b"r", b"b", b"P", b"T", b"M"} <= kinds
     return messages, [o for o in oracle if isinstance(o, (Change, Truncate))]
-
-
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ change sequence that assembly must produce from the pgoutput stream.
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from pyspark.sql import functions as F
 
 from pgoutput_spark import decode
@@ -112,3 +113,25 @@ def test_committed_rows_carry_commit_metadata(spark, captured):
     assert missing.count() == 0
     # Changes take effect at or after their own position, never before.
     assert committed.where(F.col("commit_seq") < F.col("seq")).count() == 0
+
+
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_older_protocols_commit_the_same_changes(spark, captured, captured_by_protocol, protocol):
+    messages = captured_by_protocol[protocol]
+    kinds = {m.data[:1] for m in messages}
+    assert (b"S" in kinds) == (protocol == 2)
+    assert not kinds & {b"b", b"P", b"K", b"r", b"p"}  # no two-phase messages before protocol 3
+    decoded = decode(_frame(spark, messages))
+    ours = _as_oracle(spark, decoded.orderBy("seq").collect(), _committed_in_order(assemble(decoded)))
+    assert ours == _oracle(captured[1])
+
+
+def test_origin_is_recorded_and_can_be_skipped(spark, captured):
+    messages, _ = captured
+    decoded = decode(_frame(spark, messages))
+    upstream = assemble(decoded).committed.where(F.col("txn_origin") == "upstream").collect()
+    assert [(r["message_type"], r["change"]["new_tuple"][0]["value"]) for r in upstream] == [
+        ("insert", bytearray(b"9000"))]
+    skipped = assemble(decoded, skip_origins=("upstream",)).committed
+    assert skipped.where(F.col("txn_origin") == "upstream").count() == 0
+    assert skipped.count() == assemble(decoded).committed.count() - 1

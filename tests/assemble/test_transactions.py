@@ -1,0 +1,59 @@
+"""The streamed / prepared transaction state machine, case by case (worker.c semantics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgoutput_spark.assemble.transactions import AssemblyError, Control, Discard, Outcome, resolve
+from pgoutput_spark.decoder.protocol import MessageType as M
+
+
+def start(seq, xid, first=True):
+    return Control(seq, M.STREAM_START, xid=xid, first_segment=first)
+
+
+def test_subtransaction_abort_discards_from_its_first_change_to_the_abort():
+    ledger = resolve([start(1, 10), Control(9, M.STREAM_ABORT, xid=10, subxid=11), start(12, 10, False),
+                      Control(20, M.STREAM_COMMIT, xid=10, commit_lsn=99)], {(10, 11): [4]})
+    assert [t.outcome for t in ledger.txns] == [Outcome.COMMITTED]
+    assert ledger.txns[0].decided_seq == 20 and ledger.txns[0].commit_lsn == 99
+    assert ledger.discards == [Discard(10, 1, 4, 9)]
+
+
+def test_abort_of_a_subtransaction_without_streamed_changes_discards_nothing():
+    ledger = resolve([start(1, 10), Control(5, M.STREAM_ABORT, xid=10, subxid=11)], {})
+    assert ledger.discards == [] and ledger.txns[0].outcome is Outcome.OPEN
+
+
+def test_top_level_abort_discards_the_transaction_and_unknown_aborts_are_ignored():
+    ledger = resolve([Control(1, M.STREAM_ABORT, xid=7, subxid=7), start(2, 10),
+                      Control(5, M.STREAM_ABORT, xid=10, subxid=10)], {})
+    assert [(t.xid, t.outcome) for t in ledger.txns] == [(10, Outcome.DISCARDED)]
+
+
+def test_prepared_then_committed_or_rolled_back():
+    ledger = resolve([
+        Control(3, M.PREPARE, xid=5, gid="a", block_seq=1),
+        start(4, 6), Control(8, M.STREAM_PREPARE, xid=6, gid="b"),
+        Control(9, M.ROLLBACK_PREPARED, xid=5, gid="a"),
+        Control(12, M.COMMIT_PREPARED, xid=6, gid="b", commit_lsn=77),
+        Control(13, M.ROLLBACK_PREPARED, xid=1, gid="never prepared here"),
+    ], {})
+    assert [(t.xid, t.block_seq, t.outcome, t.decided_seq) for t in ledger.txns] == [
+        (5, 1, Outcome.DISCARDED, 9), (6, None, Outcome.COMMITTED, 12)]
+
+
+def test_prepared_and_not_yet_decided_stays_prepared():
+    ledger = resolve([Control(3, M.PREPARE, xid=5, gid="a", block_seq=1)], {})
+    assert ledger.txns[0].outcome is Outcome.PREPARED
+
+
+@pytest.mark.parametrize("controls, message", [
+    ([start(1, 10, first=False)], "first segment is not in the capture"),
+    ([Control(2, M.STREAM_COMMIT, xid=10)], "never streamed"),
+    ([Control(2, M.COMMIT_PREPARED, xid=10, gid="g")], "never prepared"),
+    ([start(1, 10), start(2, 10)], "still open"),
+])
+def test_inconsistent_streams_are_errors_naming_the_seq(controls, message):
+    with pytest.raises(AssemblyError, match=message):
+        resolve(controls, {})

@@ -7,6 +7,8 @@ Layout under the target root::
     <target>/_pgoutput/runs/             one row per run start and finish (Delta)
     <target>/_pgoutput/relations/        every Relation / Type message seen (Delta)
     <target>/_pgoutput/pending/          rows of transactions still open, per run (Delta)
+    <target>/_pgoutput/quarantine/       undecodable messages with raw bytes and reason
+                                         (with on_error="quarantine"; otherwise the run fails)
 
 Exactly once: a run first records the capture slice it takes, ``(lo, hi]`` in
 seq; every Delta write of the run carries the transaction identifier
@@ -28,7 +30,7 @@ from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
 from .spark.assemble import ScanState, assemble
 from .spark.changes import typed_change_frame
-from .spark.decode import OnError, decode
+from .spark.decode import OnError, decode, quarantined
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp")
@@ -41,12 +43,15 @@ class ChangesResult:
     messages: int = 0
     changes: dict[str, int] = field(default_factory=dict)
     open_rows: int = 0
+    quarantined: int = 0
     skipped: bool = False
 
     def render(self) -> str:
         if self.skipped:
             return f"nothing new after seq {self.lo}: no Delta commit"
-        lines = [f"capture slice: seq ({self.lo}, {self.hi}]", f"messages: {self.messages}",
+        start = "the start" if self.lo is None else f"seq {self.lo}"
+        lines = [f"capture slice: after {start} up to seq {self.hi}", f"messages: {self.messages}",
+                 f"quarantined messages: {self.quarantined}",
                  f"rows of open transactions carried over: {self.open_rows}", "changes per table:"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.changes.items())]
         return "\n".join(lines)
@@ -70,6 +75,7 @@ class _State:
         self.runs = f"{self.target}/_pgoutput/runs"
         self.relations_path = f"{self.target}/_pgoutput/relations"
         self.pending_path = f"{self.target}/_pgoutput/pending"
+        self.quarantine_path = f"{self.target}/_pgoutput/quarantine"
 
     def runs_rows(self) -> list[Any]:
         if not _exists(self.spark, self.runs):
@@ -156,7 +162,11 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         n_open = assembled.open_rows.count()
     finally:
         committed.unpersist()
+    bad = quarantined(decoded)
+    n_bad = bad.count()
+    if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
+        _append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()))
-    return ChangesResult(lo, hi, n_messages, counts, n_open)
+    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad)

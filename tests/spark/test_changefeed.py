@@ -121,3 +121,18 @@ def test_pg16_protocol_4_parallel_streaming_gives_the_source_tables(spark, captu
                 for r in frame.orderBy("_commit_seq", "_seq").collect()]
         expected = sorted((tuple(row) + (None,) * (len(data) - len(row)) for row in source[table]), key=repr)
         assert _replay(rows, key) == expected, table
+
+
+def test_quarantined_messages_are_kept_and_counted(spark, tmp_path):
+    from ..decoder import builders as b
+
+    rel = b.relation(1, "public", "q", "d", [(1, "id", 23, -1)])
+    data = [b.begin(1, 0, 7), rel, b.insert(1, b.tuple_data(("t", b"1"))), b.commit(1, 2, 0), b"\x00junk"]
+    frame = spark.createDataFrame([(i, 0, bytearray(d)) for i, d in enumerate(data)],
+                                  "seq long, lsn long, data binary")
+    target = str(tmp_path / "target")
+    result = run_changes(spark, frame, target, on_error="quarantine")
+    assert (result.quarantined, result.changes) == (1, {"public.q": 1})
+    bad = spark.read.format("delta").load(f"{target}/_pgoutput/quarantine").collect()
+    assert [(r["seq"], bytes(r["raw"])) for r in bad] == [(4, b"\x00junk")]
+    assert "unknown message type byte 0x00" in bad[0]["error"]

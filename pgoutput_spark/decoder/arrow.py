@@ -28,13 +28,7 @@ def mask_array(valid: np.ndarray) -> pa.Array | None:
 def binary_array(reader: BatchReader, start: np.ndarray, length: np.ndarray,
                  valid: np.ndarray) -> pa.BinaryArray:
     """Copy ``[start, start + length)`` for each valid element into a binary array."""
-    length = np.where(valid, length, 0)
-    offsets, data = reader.gather(start, length)
-    validity = None if valid.all() else pa.array(valid).buffers()[1]
-    return pa.BinaryArray.from_buffers(
-        pa.binary(), valid.size, [validity, _offsets_buffer(offsets), pa.py_buffer(data)],
-        null_count=int(valid.size - np.count_nonzero(valid)),
-    )
+    return reader.gather(start, length, valid)
 
 
 def string_array(reader: BatchReader, rows: np.ndarray, start: np.ndarray, length: np.ndarray,

@@ -287,8 +287,7 @@ def _truncate(cur: Cursor) -> pa.StructArray:
     np.cumsum(counts, out=offsets[1:])
     within = np.arange(base.size, dtype=np.int64) - np.repeat(offsets[:-1], counts)
     at = base + 4 * within
-    raw = cur.r.buf[np.minimum(at[:, None] + np.arange(4), cur.r.last)]
-    oids = np.ascontiguousarray(raw).view(">u4")[:, 0].astype(np.int64)
+    oids = cur.r.view(">u4")[np.minimum(at, cur.r.buf.size - 4)].astype(np.int64)
     cur.pos = cur.pos + 4 * counts
     cur.expect_end()
     ok = cur.ok

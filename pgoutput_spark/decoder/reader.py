@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from .protocol import PG_EPOCH_OFFSET_US, TupleKind
 
@@ -88,8 +89,8 @@ class BatchReader:
     """The buffer, message bounds and first error of every message of one batch."""
 
     def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        if buf.size == 0:  # keep clipped reads inside an allocation
-            buf = np.zeros(1, dtype=np.uint8)
+        if buf.size < 8:  # keep clipped reads (up to 8 bytes wide) inside an allocation
+            buf = np.concatenate([buf, np.zeros(8 - buf.size, dtype=np.uint8)])
         self.buf = buf
         self.last = buf.size - 1
         self.starts = starts.astype(np.int64, copy=False)
@@ -102,7 +103,7 @@ class BatchReader:
         self.err_a = np.zeros(n, dtype=np.int64)
         self.err_b = np.zeros(n, dtype=np.int64)
         self.err_text = np.empty(n, dtype=object)
-        self._nul: np.ndarray | None = None
+        self._views: dict[str, np.ndarray] = {}
 
     def fail(
         self,
@@ -132,28 +133,95 @@ class BatchReader:
         self.err_b[rows] = b
         self.err_text[rows] = text
 
-    @property
-    def nul_positions(self) -> np.ndarray:
-        """Positions of every NUL byte in the buffer, found once per batch."""
-        if self._nul is None:
-            self._nul = np.flatnonzero(self.buf == 0)
-        return self._nul
+    def view(self, dtype: str) -> np.ndarray:
+        """The buffer as overlapping big-endian integers: element i is read at byte i.
 
-    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copy the byte ranges ``[start, start + length)`` into one buffer.
-
-        Returns (Arrow-style int32/int64 offsets, bytes). Lengths must already be
-        checked against the message bounds.
+        A zero-copy strided view (one byte stride, unaligned), so one 1-D index
+        reads a field at any position.
         """
-        lengths = lengths.astype(np.int64, copy=False)
-        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        cached = self._views.get(dtype)
+        if cached is None:
+            width = np.dtype(dtype).itemsize
+            cached = np.ndarray(shape=(self.buf.size - width + 1,), dtype=dtype, buffer=self.buf,
+                                strides=(1,))
+            self._views[dtype] = cached
+        return cached
+
+    def find_nul(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Position of the first NUL in ``[start, end)`` per element, or ``end`` if none.
+
+        Scans windows of bytes after each start (vectorized across elements),
+        widening the window only for the elements not yet resolved; never
+        reads past ``end``.
+        """
+        found = end.copy()
+        todo = np.flatnonzero(start < end)
+        width, offset = 32, 0
+        while todo.size:
+            base = start[todo] + offset
+            index = base[:, None] + np.arange(width, dtype=np.int64)
+            inside = index < end[todo][:, None]
+            window = self.buf[np.minimum(index, self.last)]
+            is_nul = (window == 0) & inside
+            hit = is_nul.any(axis=1)
+            found[todo[hit]] = base[hit] + is_nul[hit].argmax(axis=1)
+            left = ~hit & inside[:, -1]
+            todo = todo[left]
+            offset += width
+            width = min(width * 4, 1 << 16)
+        return found
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> pa.BinaryArray:
+        """The byte ranges ``[start, start + length)`` as a binary array (NULL where not valid).
+
+        Lengths must already be checked against the message bounds. Ranges that
+        follow each other in the buffer (the usual case: fields in message
+        order) are cut out of the buffer by Arrow's ``take`` over a zero-copy
+        view whose odd elements are the gaps between them; others are copied
+        with a NumPy index.
+        """
+        lengths = np.where(valid, lengths, 0).astype(np.int64, copy=False)
+        starts = np.where(valid, starts, 0).astype(np.int64, copy=False)
+        n = starts.size
+        validity = None if valid.all() else pa.array(valid)
+        if n == 0:
+            return pa.array([], type=pa.binary())
+        if valid.any():
+            # Elements without bytes sit at the previous element's end, so that a
+            # sequence of ranges in buffer order stays monotonic.
+            ends = starts + lengths
+            carried = np.maximum.accumulate(np.where(valid, ends, 0))
+            starts = np.where(valid, starts, np.concatenate([[0], carried[:-1]]))
+            ends = starts + lengths
+            if np.all(starts[1:] >= ends[:-1]) and ends[-1] <= self.buf.size:
+                bounds = np.empty(2 * n, dtype=np.int64)
+                bounds[0::2], bounds[1::2] = starts, ends
+                offset_type, array_type = (np.int32, pa.binary()) if self.buf.size < _INT32_LIMIT \
+                    else (np.int64, pa.large_binary())
+                view = pa.Array.from_buffers(
+                    array_type, 2 * n - 1,
+                    [None, pa.py_buffer(bounds.astype(offset_type)), pa.py_buffer(self.buf)])
+                picked = view.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64), mask=None if
+                                            validity is None else ~valid))
+                return picked if picked.type == pa.binary() else picked.cast(pa.binary())
+        offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        if total == 0:
-            return offsets, np.zeros(0, dtype=np.uint8)
-        index = np.repeat(starts.astype(np.int64, copy=False) - offsets[:-1], lengths)
-        index += np.arange(total, dtype=np.int64)
-        return offsets, self.buf[index]
+        data = np.zeros(0, dtype=np.uint8)
+        if total:
+            index = np.repeat(starts - offsets[:-1], lengths)
+            index += np.arange(total, dtype=np.int64)
+            data = self.buf[index]
+        if total >= _INT32_LIMIT:
+            raise OverflowError("more than 2 GiB of values in one Arrow batch; lower "
+                                "spark.sql.execution.arrow.maxRecordsPerBatch")
+        return pa.Array.from_buffers(
+            pa.binary(), n, [None if validity is None else validity.buffers()[1],
+                             pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+            null_count=int(n - np.count_nonzero(valid)))
+
+
+_INT32_LIMIT = 1 << 31
 
 
 @dataclass
@@ -201,11 +269,7 @@ class Cursor:
 
     def _read(self, rows: np.ndarray, pos: np.ndarray, nbytes: int, dtype: str, field: str) -> np.ndarray:
         self._need(rows, pos, nbytes, field)
-        index = np.minimum(pos[:, None] + np.arange(nbytes, dtype=np.int64), self.r.last)
-        raw = self.r.buf[index]
-        if nbytes == 1:
-            return raw[:, 0]
-        return np.ascontiguousarray(raw).view(dtype)[:, 0]
+        return self.r.view(dtype)[np.minimum(pos, self.r.buf.size - nbytes)]
 
     def uint(self, nbytes: int, field: str) -> np.ndarray:
         """An unsigned big-endian integer of 1, 2 or 4 bytes, as int64."""
@@ -245,17 +309,14 @@ class Cursor:
 
     def cstring(self, field: str) -> tuple[np.ndarray, np.ndarray]:
         """A NUL-terminated string: (start, length) of its bytes, NUL excluded."""
-        nul = self.r.nul_positions
         start = self.pos
         ends = self.r.ends[self.rows]
-        k = np.searchsorted(nul, start)
-        found = k < nul.size
-        at = np.where(found, nul[np.minimum(k, max(nul.size - 1, 0))] if nul.size else 0, ends)
-        missing = ~found | (at >= ends)
+        at = self.r.find_nul(start, ends)
+        missing = (at >= ends) & self.ok
         if missing.any():
             self.r.fail(self.rows[missing], f"{self.name}.{field}", ErrorCode.NO_NUL,
                         start[missing], b=(ends - self.r.starts[self.rows])[missing])
-        at = np.where(missing, start, at)
+        at = np.where(at >= ends, start, at)
         self.pos = at + 1
         return start, at - start
 

@@ -458,7 +458,9 @@ def decode_batch(
         pa.array(stream_xid, mask=(stream_xid < 0) | bad),
     ]
     for name, type_ in sc.FAMILIES.items():
-        parts = [(rows[~bad[rows]], struct.filter(pa.array(~bad[rows]))) for rows, struct in families[name]]
+        parts = [(rows, struct) if not bad[rows].any() else
+                 (rows[~bad[rows]], struct.filter(pa.array(~bad[rows])))
+                 for rows, struct in families[name]]
         columns.append(ab.take_into(n, parts, type_))
     decoded = DecodedBatch(None, reader, seq, lsn)  # type: ignore[arg-type]
     error_rows = decoded.error_rows

@@ -25,9 +25,9 @@ def _workload(pg: PgCluster, db: str, *, test_decoding: bool = True) -> None:
     pg.create_slot("po", "pgoutput", two_phase=True, dbname=db)
     if test_decoding:  # PostgreSQL 16 from pgserver ships no test_decoding
         pg.create_slot("td", "test_decoding", dbname=db)
-        # Slots for the older protocols, without two-phase decoding.
-        pg.create_slot("po1", "pgoutput", dbname=db)
-        pg.create_slot("po2", "pgoutput", dbname=db)
+    # Slots for the older protocols, without two-phase decoding.
+    pg.create_slot("po1", "pgoutput", dbname=db)
+    pg.create_slot("po2", "pgoutput", dbname=db)
     pad = "repeat('x', 400)"
     statements = [
         "INSERT INTO a VALUES (1, 'one'), (2, 'two')",
@@ -138,4 +138,10 @@ def captured_pg16(pg16):
                                   two_phase=True, messages=True, dbname=db)
     assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)
     tables = {t: pg16.query(f"SELECT * FROM {t}", dbname=db) for t in ("a", "b", "c")}
-    return messages, tables
+    older = {
+        1: pg16.peek_pgoutput("po1", publications=["pub"], proto_version=1, dbname=db),
+        2: pg16.peek_pgoutput("po2", publications=["pub"], proto_version=2, streaming="on", dbname=db),
+        3: pg16.peek_pgoutput("po", publications=["pub"], proto_version=3, streaming="on",
+                              two_phase=True, dbname=db),
+    }
+    return messages, tables, older

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import types as T
 
-from pgoutput_spark import read_capture
+from pgoutput_spark import decode, read_capture
 from pgoutput_spark.changefeed import run_changes
+from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
 from ..decoder.tuple_oracle import Change, Truncate
@@ -103,7 +105,7 @@ def _replay(rows, key):
 
 
 def test_pg16_protocol_4_parallel_streaming_gives_the_source_tables(spark, captured_pg16, tmp_path):
-    messages, source = captured_pg16
+    messages, source, _ = captured_pg16
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")
     cuts = [0, len(messages) // 3, 2 * len(messages) // 3, len(messages)]
@@ -112,15 +114,31 @@ def test_pg16_protocol_4_parallel_streaming_gives_the_source_tables(spark, captu
             landing.mkdir(exist_ok=True)
             path.rename(landing / f"{k:02d}-{path.name}")
         run_changes(spark, read_capture(spark, str(landing)), target)
-    keys = {"a": ("id",), "b": ("id",), "c": ()}
-    for table, key in keys.items():
-        frame = spark.read.format("delta").load(f"{target}/_changes/public/{table}")
+    frames = {t: spark.read.format("delta").load(f"{target}/_changes/public/{t}") for t in KEYS}
+    _assert_replay_equals(frames, source)
+
+
+KEYS = {"a": ("id",), "b": ("id",), "c": ()}
+
+
+def _assert_replay_equals(frames, source):
+    for table, key in KEYS.items():
+        frame = frames[table]
         data = [f.name for f in frame.schema if not f.name.startswith("_")]
         rows = [{**r.asDict(), "new": tuple(r[c] for c in data),
                  "_old": r["_old"].asDict() if r["_old"] is not None else None}
                 for r in frame.orderBy("_commit_seq", "_seq").collect()]
         expected = sorted((tuple(row) + (None,) * (len(data) - len(row)) for row in source[table]), key=repr)
         assert _replay(rows, key) == expected, table
+
+
+@pytest.mark.parametrize("protocol", [1, 2, 3])
+def test_pg16_older_protocols_give_the_source_tables(spark, captured_pg16, protocol):
+    _, source, older = captured_pg16
+    frame = spark.createDataFrame([(m.seq, m.lsn, bytearray(m.data)) for m in older[protocol]],
+                                  "seq long, lsn long, data binary")
+    frames = {name.split(".")[1]: df for name, df in change_frames(decode(frame)).items()}
+    _assert_replay_equals(frames, source)
 
 
 def test_quarantined_messages_are_kept_and_counted(spark, tmp_path):

@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--config", help="configuration file (default: built-in defaults)")
     changes.add_argument("--capture", help="capture path (Parquet folder or Delta table)")
     changes.add_argument("--target", required=True, help="target root (change tables, state)")
-    changes.add_argument("--pipeline", default="default", help="pipeline name (Delta txnAppId prefix)")
+    changes.add_argument("--pipeline", help="pipeline name (Delta txnAppId prefix)")
+    changes.add_argument("--skip-origin", action="append", default=None, metavar="NAME",
+                         help="skip transactions from this replication origin (repeatable)")
     changes.add_argument("--format", choices=["auto", "parquet", "delta"])
     changes.add_argument("--on-error", choices=["fail", "quarantine"])
     changes.add_argument("--quarantine", help=argparse.SUPPRESS)
@@ -55,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_changes_command(config: Config, target: str, pipeline: str) -> str:
+def run_changes_command(config: Config, target: str) -> str:
     from .changefeed import run_changes
     from .spark.session import build_spark_session
 
@@ -64,8 +66,9 @@ def run_changes_command(config: Config, target: str, pipeline: str) -> str:
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
     columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
                              config.capture.data_column, xid)
-    result = run_changes(spark, capture, target, columns=columns, pipeline=pipeline,
-                         on_error=config.decode.on_error)  # type: ignore[arg-type]
+    result = run_changes(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
+                         on_error=config.decode.on_error,  # type: ignore[arg-type]
+                         skip_origins=config.changes.skip_origins)
     return result.render()
 
 
@@ -83,7 +86,12 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     spark = config.spark
     if args.master:
         spark = dataclasses.replace(spark, master=args.master)
-    return dataclasses.replace(config, capture=capture, decode=decode, spark=spark)
+    changes = config.changes
+    if getattr(args, "pipeline", None):
+        changes = dataclasses.replace(changes, pipeline=args.pipeline)
+    if getattr(args, "skip_origin", None):
+        changes = dataclasses.replace(changes, skip_origins=tuple(args.skip_origin))
+    return dataclasses.replace(config, capture=capture, decode=decode, spark=spark, changes=changes)
 
 
 def run_decode(config: Config, output: str | None = None) -> str:
@@ -118,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "decode":
             print(run_decode(config, args.output))
         elif args.command == "changes":
-            print(run_changes_command(config, args.target, args.pipeline))
+            print(run_changes_command(config, args.target))
         return 0
     except PgoutputSparkError as exc:
         print(f"pgoutput-spark: error: {exc}", file=sys.stderr)

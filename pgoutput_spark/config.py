@@ -41,6 +41,14 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class ChangesConfig:
+    #: Prefix of the Delta transaction identifiers (txnAppId) of this pipeline's writes.
+    pipeline: str = "default"
+    #: Transactions replayed from these replication origins change nothing.
+    skip_origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str | None = "local[2]"
     conf: dict[str, str] = field(default_factory=dict)
@@ -50,6 +58,7 @@ class SparkConfig:
 class Config:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    changes: ChangesConfig = field(default_factory=ChangesConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
 
 
@@ -72,6 +81,10 @@ def _build(cls: type, data: Any, path: str, source: str) -> Any:
         origins = tuple(get_origin(a) or a for a in allowed)
         if value is None and type(None) in origins:
             values[key] = None
+        elif tuple in origins:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{source}: {key_path} must be a list of strings, got {value!r}")
+            values[key] = tuple(value)
         elif dict in origins:
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key_path} must be a mapping")

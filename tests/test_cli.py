@@ -81,4 +81,9 @@ def test_config_errors_name_file_and_key(tmp_path):
     conf.write_text("spark:\n  master: 3\n")
     with pytest.raises(ConfigError, match=r"spark.master must be str or NoneType, got 3"):
         load_config(conf)
+    conf.write_text("changes:\n  skip_origins: upstream\n")
+    with pytest.raises(ConfigError, match=r"changes.skip_origins must be a list of strings"):
+        load_config(conf)
+    conf.write_text("changes:\n  skip_origins: [upstream, other]\n")
+    assert load_config(conf).changes.skip_origins == ("upstream", "other")
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"

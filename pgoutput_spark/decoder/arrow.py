@@ -5,20 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .reader import BatchReader, ErrorCode, TupleColumns
-from .schema import TUPLE, TUPLE_VALUE
-
-_INT32_MAX = np.iinfo(np.int32).max
-
-
-def _offsets_buffer(offsets: np.ndarray) -> pa.Buffer:
-    if offsets.size and offsets[-1] > _INT32_MAX:
-        raise OverflowError(
-            "more than 2 GiB of values in one Arrow batch; lower "
-            "spark.sql.execution.arrow.maxRecordsPerBatch"
-        )
-    return pa.py_buffer(offsets.astype(np.int32))
-
+from .reader import BatchReader, ErrorCode
 
 def mask_array(valid: np.ndarray) -> pa.Array | None:
     """An Arrow validity mask (True = NULL) or None when everything is valid."""
@@ -77,23 +64,6 @@ def list_array(counts: np.ndarray, valid: np.ndarray, values: pa.Array,
     )
 
 
-def tuple_array(reader: BatchReader, rows: np.ndarray, columns: TupleColumns,
-                valid: np.ndarray) -> pa.ListArray:
-    """array<struct<kind, value>> for the messages whose TupleData is ``valid``."""
-    counts = np.diff(columns.offsets)
-    keep = np.repeat(valid & columns.present, counts)
-    kind = columns.kind[keep]
-    start = columns.value_start[keep]
-    length = columns.value_length[keep]
-    has_value = length >= 0
-    values = pa.StructArray.from_arrays(
-        [char_array(kind, np.ones(kind.size, dtype=bool)),
-         binary_array(reader, start, length, has_value)],
-        fields=list(TUPLE_VALUE),
-    )
-    return list_array(counts, valid & columns.present, values, TUPLE_VALUE)
-
-
 def take_into(total: int, parts: list[tuple[np.ndarray, pa.Array]], type_: pa.DataType) -> pa.Array:
     """Scatter arrays of group rows into a batch-length array, NULL elsewhere.
 
@@ -113,12 +83,10 @@ def take_into(total: int, parts: list[tuple[np.ndarray, pa.Array]], type_: pa.Da
 
 
 __all__ = [
-    "TUPLE",
     "binary_array",
     "char_array",
     "list_array",
     "mask_array",
     "string_array",
     "take_into",
-    "tuple_array",
 ]

@@ -154,3 +154,48 @@ def test_quarantined_messages_are_kept_and_counted(spark, tmp_path):
     bad = spark.read.format("delta").load(f"{target}/_pgoutput/quarantine").collect()
     assert [(r["seq"], bytes(r["raw"])) for r in bad] == [(4, b"\x00junk")]
     assert "unknown message type byte 0x00" in bad[0]["error"]
+
+
+def _two_table_capture(spark):
+    from ..decoder import builders as b
+
+    t1 = b.relation(1, "public", "one", "d", [(1, "id", 23, -1)])
+    t2 = b.relation(2, "public", "two", "d", [(1, "id", 23, -1), (0, "v", 25, -1)])
+    data = [b.begin(1, 0, 7), t1, b.insert(1, b.tuple_data(("t", b"1"))), t2,
+            b.insert(2, b.tuple_data(("t", b"5"), ("t", b"x"))), b.commit(1, 2, 0),
+            b.begin(3, 0, 8), b.delete(1, b.tuple_data(("t", b"1"))), b.commit(3, 4, 0)]
+    return spark.createDataFrame([(i, i, bytearray(d)) for i, d in enumerate(data)],
+                                 "seq long, lsn long, data binary")
+
+
+def _tables(spark, target):
+    return {t: sorted(tuple(r) for r in spark.read.format("delta").load(f"{target}/_changes/public/{t}")
+                      .select("_op", "_seq", "id").collect()) for t in ("one", "two")}
+
+
+def test_a_run_killed_before_its_end_is_redone_without_duplicates(spark, tmp_path, monkeypatch):
+    from pgoutput_spark import changefeed
+
+    capture = _two_table_capture(spark)
+    clean = str(tmp_path / "clean")
+    run_changes(spark, capture, clean)
+
+    target = str(tmp_path / "crashed")
+    real_record = changefeed._State.record
+
+    def crash_at_finish(self, status, *args, **kwargs):
+        if status == "finished":
+            raise RuntimeError("killed after the table writes, before the run was recorded")
+        return real_record(self, status, *args, **kwargs)
+
+    monkeypatch.setattr(changefeed._State, "record", crash_at_finish)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_changes(spark, capture, target)
+    monkeypatch.setattr(changefeed._State, "record", real_record)
+    written = _tables(spark, target)
+    assert written == _tables(spark, clean)  # the tables were written before the "crash"
+
+    redo = run_changes(spark, capture, target)  # redoes the recorded slice: Delta skips the writes
+    assert (redo.lo, redo.hi) == (None, 8)
+    assert _tables(spark, target) == _tables(spark, clean)
+    assert run_changes(spark, capture, target).skipped

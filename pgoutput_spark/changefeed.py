@@ -162,6 +162,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         n_open = assembled.open_rows.count()
     finally:
         committed.unpersist()
+        assembled.release()
     bad = quarantined(decoded)
     n_bad = bad.count()
     if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason

@@ -52,6 +52,10 @@ class Assembled:
     messages: DataFrame  # logical messages that took effect (or were non-transactional)
     ledger: Ledger
     end_state: ScanState
+    scanned: DataFrame  # persisted while the result is used: call `release` when done
+
+    def release(self) -> None:
+        self.scanned.unpersist()
 
 
 def _bucketed(messages: DataFrame, rows_per_bucket: int) -> tuple[DataFrame, int]:
@@ -279,16 +283,19 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     keep = [*decoded.columns, "block_seq", "top_xid", "outcome", "commit_seq", "commit_lsn",
             "commit_ts", "txn_xid", "txn_origin"]
     rows = block_rows.select(*keep).unionByName(stream_rows.select(*keep))
-    if skip_origins:
-        rows = rows.where(F.col("txn_origin").isNull() | ~F.col("txn_origin").isin(*skip_origins))
-    committed = rows.where((F.col("outcome") == "committed") & F.col("message_type").isin(*CHANGE_TYPES))
+    # Open transactions carry over whatever their origin: their fate is still to come.
     open_rows = rows.where(F.col("outcome").isin(Outcome.OPEN.value, Outcome.PREPARED.value)).select(
         *decoded.columns, "block_seq", "top_xid")
-    transactional = rows.where((F.col("outcome") == "committed") & (F.col("message_type") == "message"))
+    taking_effect = rows.where(F.col("outcome") == "committed")
+    if skip_origins:
+        taking_effect = taking_effect.where(
+            F.col("txn_origin").isNull() | ~F.col("txn_origin").isin(*skip_origins))
+    committed = taking_effect.where(F.col("message_type").isin(*CHANGE_TYPES))
+    transactional = taking_effect.where(F.col("message_type") == "message")
     non_transactional = scanned.where(
         (F.col("message_type") == "message") & ~F.col("message.transactional"))
     messages_out = transactional.select(
         "seq", "message.*", "commit_lsn", "commit_ts").unionByName(
         non_transactional.select("seq", "message.*", F.lit(None).cast("long").alias("commit_lsn"),
                                  F.lit(None).cast("timestamp").alias("commit_ts")))
-    return Assembled(committed, open_rows, messages_out, ledger, end)
+    return Assembled(committed, open_rows, messages_out, ledger, end, scanned)

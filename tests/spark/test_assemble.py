@@ -135,3 +135,25 @@ def test_origin_is_recorded_and_can_be_skipped(spark, captured):
     skipped = assemble(decoded, skip_origins=("upstream",)).committed
     assert skipped.where(F.col("txn_origin") == "upstream").count() == 0
     assert skipped.count() == assemble(decoded).committed.count() - 1
+
+
+def test_open_transaction_of_a_skipped_origin_still_carries_over(spark):
+    from ..decoder import builders as b
+
+    rel = b.relation(1, "public", "t", "d", [(1, "id", 23, -1)])
+    row = b.tuple_data(("t", b"1"))
+    data = [b.stream_start(9, True), b.origin(5, "upstream"), b.relation(1, "public", "t", "d",
+                                                                          [(1, "id", 23, -1)], xid=9),
+            b.insert(1, row, xid=9), b.stream_stop(),
+            b.begin(1, 0, 3), rel, b.insert(1, row), b.commit(1, 2, 0),
+            b.stream_commit(9, 5, 6, 0)]
+    frame = spark.createDataFrame([(i, i, bytearray(d)) for i, d in enumerate(data)],
+                                  "seq long, lsn long, data binary")
+    first = assemble(decode(frame.where("seq < 6")), skip_origins=("upstream",))
+    assert first.committed.count() == 0
+    # The stream's Start, Origin, Relation and Insert, and the Begin still waiting for its Commit.
+    assert sorted(r["seq"] for r in first.open_rows.collect()) == [0, 1, 2, 3, 5]
+    pending = spark.createDataFrame(first.open_rows.collect(), first.open_rows.schema)
+    second = assemble(decode(frame.where("seq >= 6")), first.end_state, pending=pending,
+                      skip_origins=("upstream",))
+    assert [r["seq"] for r in second.committed.collect()] == [7]  # only the local transaction

@@ -95,7 +95,7 @@ class _State:
             history.add(versions_from_rows(rows))
         return history
 
-    def pending(self, hi: int | None, columns: list[str]) -> DataFrame | None:
+    def pending(self, hi: int | None) -> DataFrame | None:
         if hi is None or not _exists(self.spark, self.pending_path):
             return None
         return self.spark.read.format("delta").load(self.pending_path).where(
@@ -141,7 +141,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     history.add(versions_from_rows(new_meta))
     if new_meta:
         _append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
-    pending = state.pending(lo, decoded.columns)
+    pending = state.pending(lo)
     assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)
     committed = assembled.committed.persist()
     counts: dict[str, int] = {}
@@ -150,6 +150,10 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
             .otherwise(F.array(F.col("change.relation_id"))))).distinct().collect()]
         for relation_id in sorted(ids):
+            if relation_id not in history.relations:
+                first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
+                seq = first[0] if first is not None and first[0] is not None else -1
+                history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
             latest = history.latest(relation_id)
             frame = typed_change_frame(committed, relation_id, history)
             path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"

@@ -199,3 +199,15 @@ def test_a_run_killed_before_its_end_is_redone_without_duplicates(spark, tmp_pat
     assert (redo.lo, redo.hi) == (None, 8)
     assert _tables(spark, target) == _tables(spark, clean)
     assert run_changes(spark, capture, target).skipped
+
+
+def test_change_for_a_relation_never_described_fails_naming_oid_and_seq(spark, tmp_path):
+    from pgoutput_spark.assemble.relations import UnknownRelationError
+
+    from ..decoder import builders as b
+
+    data = [b.begin(1, 0, 7), b.insert(42, b.tuple_data(("t", b"1"))), b.commit(1, 2, 0)]
+    frame = spark.createDataFrame([(i, i, bytearray(d)) for i, d in enumerate(data)],
+                                  "seq long, lsn long, data binary")
+    with pytest.raises(UnknownRelationError, match="seq 1 refers to relation OID 42"):
+        run_changes(spark, frame, str(tmp_path / "target"))

@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from .reader import BatchReader, ErrorCode
 
+
 def mask_array(valid: np.ndarray) -> pa.Array | None:
     """An Arrow validity mask (True = NULL) or None when everything is valid."""
     return None if valid.all() else pa.array(~valid)

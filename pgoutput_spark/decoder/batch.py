@@ -24,9 +24,9 @@ from .protocol import (
     MessageType,
     ReplicaIdentity,
     TruncateOption,
-    TupleMarker,
 )
-from .reader import BatchReader, Cursor, ErrorCode, TupleColumns, format_reason
+from .change import ChangePart, change_column, read_change
+from .reader import BatchReader, Cursor, ErrorCode, format_reason
 
 Framing = Literal["auto", "none", "xlogdata"]
 
@@ -300,107 +300,6 @@ def _truncate(cur: Cursor) -> pa.StructArray:
     })
 
 
-@dataclass
-class _ChangePart:
-    """What `_change` read from one group (Insert, Update or Delete) of a batch."""
-
-    rows: np.ndarray
-    relation_id: np.ndarray
-    old_kind: np.ndarray
-    has_old: np.ndarray
-    old: TupleColumns | None  # over rows[has_old]
-    new: TupleColumns | None  # over rows
-
-
-def _change(cur: Cursor, kind: MessageType) -> _ChangePart:
-    """Insert, Update and Delete: relation id, optional old key/row, new row."""
-    relation_id = cur.uint(4, "relation_id")
-    if kind is MessageType.INSERT:
-        cur.expect((TupleMarker.NEW,), "marker", "'N'")
-        old_kind, has_old = np.zeros(len(cur), dtype=np.uint8), np.zeros(len(cur), dtype=bool)
-    elif kind is MessageType.UPDATE:
-        old_kind = cur.peek_byte()
-        has_old = (old_kind == TupleMarker.KEY) | (old_kind == TupleMarker.OLD)
-        cur.expect((TupleMarker.KEY, TupleMarker.OLD, TupleMarker.NEW), "marker", "'K', 'O' or 'N'")
-    else:
-        old_kind = cur.peek_byte()
-        has_old = np.ones(len(cur), dtype=bool)
-        cur.expect((TupleMarker.KEY, TupleMarker.OLD), "marker", "'K' or 'O'")
-    old = None
-    if has_old.any():
-        sub = cur.where(has_old)
-        old = sub.tuple_data("old_tuple")
-        if kind is MessageType.UPDATE:
-            sub.expect((TupleMarker.NEW,), "new_marker", "'N'")
-        cur.pos[has_old] = sub.pos
-    new = None
-    if kind is not MessageType.DELETE:
-        new = cur.tuple_data("new_tuple")
-    cur.expect_end()
-    return _ChangePart(cur.rows, relation_id, old_kind, has_old, old, new)
-
-
-def _merged_tuples(reader: BatchReader, n: int,
-                   pieces: list[tuple[np.ndarray, TupleColumns, np.ndarray]]) -> pa.ListArray:
-    """One batch-length TupleData column from the tuples of several groups.
-
-    ``pieces`` are (batch row of each tuple, its columns, tuple valid). The
-    elements are put in batch order with NumPy, so the value bytes are cut out
-    of the buffer once, in buffer order, and never copied again.
-    """
-    counts_full = np.zeros(n, dtype=np.int64)
-    valid_full = np.zeros(n, dtype=bool)
-    element_rows, kinds, starts, lengths = [], [], [], []
-    for rows, columns, valid in pieces:
-        counts = np.diff(columns.offsets)
-        keep = valid & columns.present
-        counts_full[rows[keep]] = counts[keep]
-        valid_full[rows[keep]] = True
-        elements = np.repeat(keep, counts)
-        element_rows.append(np.repeat(rows, counts)[elements])
-        kinds.append(columns.kind[elements])
-        starts.append(columns.value_start[elements])
-        lengths.append(columns.value_length[elements])
-    order = np.argsort(np.concatenate(element_rows), kind="stable") if len(pieces) > 1 else None
-    kind, start, length = (np.concatenate(a) for a in (kinds, starts, lengths))
-    if order is not None:
-        kind, start, length = kind[order], start[order], length[order]
-    values = pa.StructArray.from_arrays(
-        [ab.char_array(kind, np.ones(kind.size, dtype=bool)),
-         ab.binary_array(reader, start, length, length >= 0)],
-        fields=list(sc.TUPLE_VALUE),
-    )
-    return ab.list_array(counts_full, valid_full, values, sc.TUPLE_VALUE)
-
-
-def _change_column(reader: BatchReader, n: int, parts: list[_ChangePart]) -> pa.Array:
-    """The batch-length ``change`` struct column of all Insert / Update / Delete groups."""
-    if not parts:
-        return pa.nulls(n, type=sc.CHANGE)
-    relation_id = np.zeros(n, dtype=np.int64)
-    old_kind = np.zeros(n, dtype=np.uint8)
-    has_old = np.zeros(n, dtype=bool)
-    valid = np.zeros(n, dtype=bool)
-    old_pieces, new_pieces = [], []
-    for p in parts:
-        ok = ~reader.bad[p.rows]
-        relation_id[p.rows] = p.relation_id
-        old_kind[p.rows] = p.old_kind
-        has_old[p.rows] = p.has_old & ok
-        valid[p.rows] = ok
-        if p.old is not None:
-            old_pieces.append((p.rows[p.has_old], p.old, ok[p.has_old]))
-        if p.new is not None:
-            new_pieces.append((p.rows, p.new, ok))
-    empty = pa.nulls(n, type=sc.TUPLE)
-    return pa.StructArray.from_arrays(
-        [pa.array(relation_id), ab.char_array(old_kind, has_old),
-         _merged_tuples(reader, n, old_pieces) if old_pieces else empty,
-         _merged_tuples(reader, n, new_pieces) if new_pieces else empty],
-        fields=list(sc.CHANGE), mask=ab.mask_array(valid),
-    )
-
-
 def _stream_abort(cur: Cursor) -> pa.StructArray:
     values = _Values(cur)
     values.read((("xid", "u32"), ("subxid", "u32")))
@@ -485,7 +384,7 @@ def decode_batch(
     in_stream = in_stream & (type_byte != MessageType.STREAM_STOP)
     stream_xid = np.full(n, -1, dtype=np.int64)
     families: dict[str, list[tuple[np.ndarray, pa.Array]]] = {name: [] for name in sc.FAMILIES}
-    change_parts: list[_ChangePart] = []
+    change_parts: list[ChangePart] = []
     for kind in MessageType:
         rows = np.flatnonzero((type_byte == kind) & ~reader.bad)
         if rows.size == 0:
@@ -494,7 +393,7 @@ def decode_batch(
         if kind.has_stream_xid:
             _stream_xid(cur, in_stream, stream_xid)
         if kind in (MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE):
-            change_parts.append(_change(cur, kind))
+            change_parts.append(read_change(cur, kind))
             continue
         elif kind is MessageType.RELATION:
             struct = _relation(cur)
@@ -510,7 +409,6 @@ def decode_batch(
             families[FAMILY_OF[kind]].append((rows, struct))
 
     bad = reader.bad
-    ok = ~bad
     columns: list[pa.Array] = [
         pa.array(seq),
         pa.array(lsn),
@@ -522,7 +420,7 @@ def decode_batch(
     ]
     for name, type_ in sc.FAMILIES.items():
         if name == "change":
-            columns.append(_change_column(reader, n, change_parts))
+            columns.append(change_column(reader, n, change_parts))
             continue
         parts = [(rows, struct) if not bad[rows].any() else
                  (rows[~bad[rows]], struct.filter(pa.array(~bad[rows])))

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pgoutput_spark import decode
 from pgoutput_spark.spark.assemble import ScanState, assemble
 
-from ..decoder.tuple_oracle import Change, Truncate
+from ..decoder.tuple_oracle import Truncate
 
 
 def _frame(spark, messages):

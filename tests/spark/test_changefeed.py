@@ -10,7 +10,7 @@ from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
-from ..decoder.tuple_oracle import Change, Truncate
+from ..decoder.tuple_oracle import Truncate
 
 TABLES = ("a", "b", "c")
 INTS = {"id", "a_id", "n", "extra"}

@@ -26,7 +26,7 @@ from .protocol import (
     TruncateOption,
 )
 from .change import ChangePart, change_column, read_change
-from .reader import BatchReader, Cursor, ErrorCode, format_reason
+from .reader import BatchReader, Cursor, ErrorCode
 
 Framing = Literal["auto", "none", "xlogdata"]
 
@@ -104,17 +104,7 @@ class DecodedBatch:
 
     def error(self, row: int) -> DecodeError:
         """The `DecodeError` of one failed row of this batch."""
-        r = self.reader
-        field = r.err_field[row]
-        return DecodeError(
-            format_reason(r.err_code[row], int(r.err_offset[row]), int(r.err_a[row]),
-                          int(r.err_b[row]), r.err_text[row]),
-            field=field,
-            offset=int(r.err_offset[row]),
-            message_type=field.split(".", 1)[0],
-            seq=int(self.seq[row]),
-            lsn=int(self.lsn[row]),
-        )
+        return self.reader.error(row, int(self.seq[row]), int(self.lsn[row]))
 
 
 class _Values:
@@ -426,13 +416,11 @@ def decode_batch(
                  (rows[~bad[rows]], struct.filter(pa.array(~bad[rows])))
                  for rows, struct in families[name]]
         columns.append(ab.take_into(n, parts, type_))
-    decoded = DecodedBatch(None, reader, seq, lsn)  # type: ignore[arg-type]
-    error_rows = decoded.error_rows
+    error_rows = np.flatnonzero(bad)
     messages = np.empty(n, dtype=object)
     for row in error_rows:  # error path only
-        messages[row] = str(decoded.error(int(row)))
+        messages[row] = str(reader.error(int(row), int(seq[row]), int(lsn[row])))
     columns.append(pa.array(messages, type=pa.string(), from_pandas=True))
     raw = [(error_rows, data.filter(pa.array(bad)))] if error_rows.size else []
     columns.append(ab.take_into(n, raw, pa.binary()))
-    decoded.batch = pa.RecordBatch.from_arrays(columns, schema=sc.DECODED_SCHEMA)
-    return decoded
+    return DecodedBatch(pa.RecordBatch.from_arrays(columns, schema=sc.DECODED_SCHEMA), reader, seq, lsn)

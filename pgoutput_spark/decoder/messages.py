@@ -281,11 +281,5 @@ def decode_message(data: bytes, in_stream: bool = False, *, seq: int | None = No
         lsn=np.array([lsn if lsn is not None else 0]),
     )
     if decoded.reader.bad[0]:
-        error = decoded.error(0)
-        if seq is None:
-            error.seq = None
-        if lsn is None:
-            error.lsn = None
-        error.args = (error._format(),)
-        raise error
+        raise decoded.reader.error(0, seq, None if lsn is None else int(decoded.lsn[0]))
     return message_from_row(decoded.batch.to_pylist()[0])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..errors import DecodeError
 from .protocol import PG_EPOCH_OFFSET_US, TupleKind
 
 # Spark's timestamp range, 0001-01-01 .. 9999-12-31 23:59:59.999999 UTC, in
@@ -132,6 +133,16 @@ class BatchReader:
         self.err_a[rows] = a
         self.err_b[rows] = b
         self.err_text[rows] = text
+
+    def error(self, row: int, seq: int | None, lsn: int | None) -> DecodeError:
+        """The `DecodeError` recorded for ``row``, labelled with its capture position."""
+        field = self.err_field[row]
+        offset = int(self.err_offset[row])
+        return DecodeError(
+            format_reason(self.err_code[row], offset, int(self.err_a[row]), int(self.err_b[row]),
+                          self.err_text[row]),
+            field=field, offset=offset, message_type=field.split(".", 1)[0], seq=seq, lsn=lsn,
+        )
 
     def view(self, dtype: str) -> np.ndarray:
         """The buffer as overlapping big-endian integers: element i is read at byte i.

@@ -146,10 +146,13 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     committed = assembled.committed.persist()
     counts: dict[str, int] = {}
     try:
-        ids = [r[0] for r in committed.select(F.explode(F.when(
+        # One row per (change, relation it touches): a truncate touches each of its relations.
+        touched = committed.select(F.explode(F.when(
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
-            .otherwise(F.array(F.col("change.relation_id"))))).distinct().collect()]
-        for relation_id in sorted(ids):
+            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"))
+        per_relation = {r["relation_id"]: r["count"]
+                        for r in touched.groupBy("relation_id").count().collect()}
+        for relation_id in sorted(per_relation):
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 seq = first[0] if first is not None and first[0] is not None else -1
@@ -158,7 +161,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             frame = typed_change_frame(committed, relation_id, history)
             path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"
             _append(frame, path, f"{state.pipeline}:changes:{relation_id}", hi)
-            counts[f"{latest.namespace}.{latest.name}"] = frame.count()
+            counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]
         messages = assembled.messages
         _append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
         open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))

@@ -58,14 +58,14 @@ class Assembled:
         self.scanned.unpersist()
 
 
-def _bucketed(messages: DataFrame, rows_per_bucket: int) -> tuple[DataFrame, int]:
+def _bucketed(messages: DataFrame, rows_per_bucket: int) -> DataFrame:
     stats = messages.agg(F.min("seq").alias("lo"), F.max("seq").alias("hi"),
                          F.count(F.lit(1)).alias("n")).first()
     assert stats is not None
     lo, hi, n = stats["lo"] or 0, stats["hi"] or 0, stats["n"]
     buckets = max(1, -(-n // rows_per_bucket))
     width = max(1, -(-(hi - lo + 1) // buckets))
-    return messages.withColumn("_bucket", ((F.col("seq") - F.lit(lo)) / F.lit(width)).cast("long")), width
+    return messages.withColumn("_bucket", ((F.col("seq") - F.lit(lo)) / F.lit(width)).cast("long"))
 
 
 def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> DataFrame:
@@ -96,7 +96,7 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *,
          rows_per_bucket: int = ROWS_PER_BUCKET) -> tuple[DataFrame, ScanState]:
     """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc)."""
     spark = messages.sparkSession
-    bucketed, _ = _bucketed(messages, rows_per_bucket)
+    bucketed = _bucketed(messages, rows_per_bucket)
     carry = _carry_in(spark, bucketed, start)
     window = Window.partitionBy("_bucket").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
     is_begin = F.col("message_type").isin("begin", "begin_prepare")

@@ -34,10 +34,19 @@ META_FIELDS = [
 ]
 
 
+#: Names of the metadata columns of a change row (every other column is a source column).
+META_NAMES = frozenset(f.name for f in META_FIELDS) | {"_old"}
+
+
+def data_fields(schema: pa.Schema) -> list[pa.Field]:
+    """The source columns of a change (or mirror) schema: every field that is not metadata."""
+    return [f for f in schema if f.name not in META_NAMES]
+
+
 def change_schema(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
     """The Arrow schema of a table's change rows."""
     names = [name for name, _ in columns]
-    clash = sorted(set(names) & ({f.name for f in META_FIELDS} | {"_old"}))
+    clash = sorted(set(names) & META_NAMES)
     if clash:
         raise TypeConversionError(f"source columns {clash} clash with change-feed metadata columns")
     old = pa.struct([pa.field(name, type_) for name, type_ in columns])
@@ -112,7 +121,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     change = batch.column("change")
     new_tuples = change.field("new_tuple")
     old_tuples = change.field("old_tuple")
-    data_names = [f.name for f in schema if not f.name.startswith("_")]
+    data_names = [f.name for f in data_fields(schema)]
     old_type = schema.field("_old").type
     columns = {name: pa.nulls(n, schema.field(name).type) for name in data_names}
     old_columns = {f.name: pa.nulls(n, f.type) for f in old_type}

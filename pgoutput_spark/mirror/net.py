@@ -1,0 +1,319 @@
+"""The net change of one table over one run: what a subscriber's table looks like afterwards.
+
+Input is every typed change row of the table in the run (schema of
+`pgoutput_spark.assemble.typed.change_schema`) plus the *pre-image*: the
+mirror's current rows for the keys the run's updates and deletes look up
+(``_op = "pre"``). The changes are applied in commit order the way
+PostgreSQL's apply worker applies them (``worker.c``):
+
+- an insert stores the row (an insert of an existing key overwrites it: an
+  upsert, where the apply worker would stop on a unique violation);
+- an update finds the row by its old key (sent when the key changed, or always
+  with ``REPLICA IDENTITY FULL``) or else its new key, and replaces it; columns
+  sent as *unchanged TOAST* keep the value the row had;
+- a delete removes the row it finds;
+- an update or delete that finds no row is skipped and reported (``skipped``);
+- a truncate empties the table at its place in the order.
+
+Only the outcome per key leaves this module: one ``upsert`` or ``delete`` per
+touched key (keyed tables), or, for tables whose identity is the whole row
+(``REPLICA IDENTITY FULL``, or no identity, insert-only), a multiset: identical
+rows stay separate rows and an update or delete changes exactly one of them.
+
+The loop below runs once per change, on integer key codes; values never leave
+Arrow: each surviving row is a *provenance* (which input row each column comes
+from) and the output columns are built with one ``take`` per column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..assemble.typed import data_fields
+
+Mode = Literal["keyed", "multiset"]
+
+#: Metadata columns of the output, before the table's data columns.
+OUT_FIELDS = [
+    pa.field("_action", pa.string()),  # upsert | delete | delete_all | insert | skipped | truncate
+    pa.field("_seq", pa.int64()),  # the change that decided the row (skipped: the skipped change)
+    pa.field("_op", pa.string()),  # that change's operation
+    pa.field("_reason", pa.string()),  # why a change was skipped
+    pa.field("_inserted", pa.int64()),  # multiset tables: net rows added / removed by this row
+    pa.field("_deleted", pa.int64()),
+]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """How rows of a table are identified."""
+
+    mode: Mode
+    key: tuple[str, ...]  # key columns (keyed) or the identity columns of the whole row (multiset)
+    columns: tuple[str, ...]  # every data column of the mirror, in order
+
+
+def out_schema(data: pa.Schema) -> pa.Schema:
+    """Output schema: `OUT_FIELDS` then the data fields of ``data`` (the change schema)."""
+    return pa.schema([*OUT_FIELDS, *data_fields(data)])
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in value.items())
+    return value
+
+
+def _column_codes(values: pa.Array) -> np.ndarray:
+    try:
+        encoded = pc.dictionary_encode(values, null_encoding="encode")
+        return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        # Nested values (arrays, intervals as structs): hash their Python form.
+        seen: dict[Any, int] = {}
+        return np.fromiter((seen.setdefault(_hashable(v), len(seen)) for v in values.to_pylist()),
+                           dtype=np.int64, count=len(values))
+
+
+def key_codes(columns: Sequence[pa.Array]) -> np.ndarray:
+    """One integer per row, equal for rows whose values are equal in every column."""
+    codes = [_column_codes(c) for c in columns]
+    if len(codes) == 1:
+        return codes[0]
+    _, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64)
+
+
+def _unchanged_positions(lists: pa.Array, names: list[str]) -> dict[int, list[int]]:
+    """Row -> positions (in ``names``) of its unchanged-TOAST columns, for the rows that have any."""
+    lists = lists.fill_null([]) if lists.null_count else lists
+    flat = lists.flatten()
+    if len(flat) == 0:
+        return {}
+    parents = np.asarray(pc.list_parent_indices(lists))
+    position = {name: j for j, name in enumerate(names)}
+    out: dict[int, list[int]] = {}
+    for row, name in zip(parents.tolist(), flat.to_pylist()):
+        if name in position:  # a column the mirror does not know cannot be unchanged
+            out.setdefault(row, []).append(position[name])
+    return out
+
+
+def _provenance(prov: Any, j: int) -> int:
+    return prov if isinstance(prov, int) else prov[1].get(j, prov[0])
+
+
+def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
+    """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted."""
+    rows = rows.combine_chunks()
+    order = np.lexsort((rows.column("_seq").to_numpy(), rows.column("_commit_seq").to_numpy()))
+    rows = rows.take(pa.array(order)) if rows.num_rows else rows
+    n = rows.num_rows
+    names = list(spec.columns)
+    data = {name: rows.column(name).combine_chunks() if rows.column(name).num_chunks
+            else pa.nulls(0, rows.schema.field(name).type) for name in names}
+    ops = rows.column("_op").to_pylist()
+    seqs = rows.column("_seq").to_numpy()
+    old = rows.column("_old").combine_chunks() if n else pa.nulls(0, rows.schema.field("_old").type)
+    has_old = np.asarray(old.is_valid()) if n else np.zeros(0, dtype=bool)
+    unchanged = _unchanged_positions(rows.column("_unchanged_toast").combine_chunks(), names) if n else {}
+
+    if spec.mode == "multiset" and unchanged:
+        # The whole row is the identity: an unchanged column of the new row is the old row's value.
+        for j, name in enumerate(names):
+            hit = np.zeros(n, dtype=bool)
+            hit[[r for r, cols in unchanged.items() if j in cols]] = True
+            if hit.any() and name in spec.key:
+                data[name] = pc.if_else(pa.array(hit), old.field(name), data[name])
+        unchanged = {}
+    # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space.
+    key_arrays = [pa.concat_arrays([data[k], old.field(k).cast(data[k].type)]) for k in spec.key]
+    codes = key_codes(key_arrays) if spec.key else np.zeros(2 * n, dtype=np.int64)
+    new_code, old_code = codes[:n].tolist(), codes[n:].tolist()
+    has_old_l = has_old.tolist()
+
+    if spec.mode == "keyed":
+        return _keyed(rows, data, names, spec, ops, seqs, new_code, old_code, has_old_l, unchanged,
+                      key_arrays)
+    return _multiset(rows, data, names, ops, seqs, new_code, old_code, has_old_l)
+
+
+def _skipped_reason(op: str, unchanged: bool) -> str:
+    what = "update" if op == "update" else "delete"
+    reason = f"{what} of a row that does not exist (skipped, as PostgreSQL's apply worker does)"
+    if unchanged:
+        reason += "; its unchanged TOAST values are nowhere to be found"
+    return reason
+
+
+def _keyed(rows: pa.Table, data: dict[str, pa.Array], names: list[str], spec: TableSpec,
+           ops: list[str], seqs: np.ndarray, new_code: list[int], old_code: list[int],
+           has_old: list[bool], unchanged: dict[int, list[int]], key_arrays: list[pa.Array]) -> pa.Table:
+    pre: dict[int, int] = {}
+    state: dict[int, Any] = {}  # code -> provenance (row index, or (row, {column: row})) or None
+    last: dict[int, int] = {}  # code -> row of the change that last touched it
+    skipped: list[tuple[int, str]] = []
+    truncated_at = -1
+    for i, op in enumerate(ops):
+        if op == "pre":
+            pre[new_code[i]] = i
+            continue
+        if op == "truncate":
+            state.clear()
+            last.clear()
+            truncated_at = i
+            continue
+        if op == "insert":
+            state[new_code[i]] = i
+            last[new_code[i]] = i
+            continue
+        src = old_code[i] if has_old[i] else new_code[i]
+        if src in state:
+            current = state[src]
+        else:
+            current = None if truncated_at >= 0 else pre.get(src)
+        if current is None:
+            skipped.append((i, _skipped_reason(op, i in unchanged)))
+            continue
+        last[src] = i
+        if op == "delete":
+            state[src] = None
+            continue
+        cols = unchanged.get(i)
+        prov = i if not cols else (i, {j: _provenance(current, j) for j in cols})
+        if src != new_code[i]:
+            state[src] = None
+        state[new_code[i]] = prov
+        last[new_code[i]] = i
+
+    upserts: list[tuple[int, Any]] = []  # (code, provenance)
+    deletes: list[int] = []  # codes
+    for code, prov in state.items():
+        before = None if truncated_at >= 0 else pre.get(code)
+        if prov is None:
+            if truncated_at < 0:
+                deletes.append(code)
+        elif prov != before:
+            upserts.append((code, prov))
+
+    # Where a code was first seen among the key arrays (new keys, then old keys).
+    all_codes = np.asarray(new_code + old_code, dtype=np.int64)
+    first_seen = {}
+    if all_codes.size:
+        uniq, where = np.unique(all_codes, return_index=True)
+        first_seen = dict(zip(uniq.tolist(), where.tolist()))
+
+    parts: list[pa.Table] = []
+    schema = out_schema(rows.schema)
+    if upserts:
+        cols = {name: data[name].take(pa.array([_provenance(p, j) for _, p in upserts]))
+                for j, name in enumerate(names)}
+        deciding = [last.get(code, 0) for code, _ in upserts]
+        parts.append(_frame(schema, "upsert", seqs, ops, deciding, None, cols))
+    if deletes:
+        positions = pa.array([first_seen[c] for c in deletes])
+        cols = {name: pa.nulls(len(deletes), data[name].type) for name in names}
+        for k, arr in zip(spec.key, key_arrays):
+            cols[k] = arr.take(positions)
+        parts.append(_frame(schema, "delete", seqs, ops, [last[c] for c in deletes], None, cols))
+    if skipped:
+        index = pa.array([i for i, _ in skipped])
+        cols = {name: data[name].take(index) for name in names}
+        parts.append(_frame(schema, "skipped", seqs, ops, [i for i, _ in skipped],
+                            [r for _, r in skipped], cols))
+    if truncated_at >= 0:
+        cols = {name: pa.nulls(1, data[name].type) for name in names}
+        parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _multiset(rows: pa.Table, data: dict[str, pa.Array], names: list[str], ops: list[str],
+              seqs: np.ndarray, new_code: list[int], old_code: list[int], has_old: list[bool]) -> pa.Table:
+    pre: dict[int, int] = {}
+    count: dict[int, int] = {}
+    rep: dict[int, int] = {}  # code -> a row holding its values
+    last: dict[int, int] = {}
+    skipped: list[tuple[int, str]] = []
+    truncated_at = -1
+
+    def current(code: int) -> int:
+        if code in count:
+            return count[code]
+        return 0 if truncated_at >= 0 else pre.get(code, 0)
+
+    for i, op in enumerate(ops):
+        if op == "pre":
+            pre[new_code[i]] = pre.get(new_code[i], 0) + 1
+            rep.setdefault(new_code[i], i)
+            continue
+        if op == "truncate":
+            count.clear()
+            truncated_at = i
+            continue
+        if op != "insert":
+            src = old_code[i] if has_old[i] else new_code[i]
+            have = current(src)
+            if have == 0:
+                skipped.append((i, _skipped_reason(op, False)))
+                continue
+            count[src] = have - 1
+            last[src] = i
+            if op == "delete":
+                continue
+        code = new_code[i]
+        count[code] = current(code) + 1
+        rep[code] = i
+        last[code] = i
+
+    schema = out_schema(rows.schema)
+    actions: list[tuple[str, int, int, int, int]] = []  # (action, value row, deciding row, +, -)
+    for code, final in count.items():
+        before = 0 if truncated_at >= 0 else pre.get(code, 0)
+        if final == before:
+            continue
+        if final > before:
+            actions += [("insert", rep[code], last[code], 1, 0)] * (final - before)
+        else:
+            actions.append(("delete_all", rep[code], last[code], 0, before - final))
+            actions += [("insert", rep[code], last[code], 0, 0)] * final
+    parts: list[pa.Table] = []
+    if actions:
+        index = pa.array([a[1] for a in actions])
+        cols = {name: data[name].take(index) for name in names}
+        frame = _frame(schema, "", seqs, ops, [a[2] for a in actions], None, cols,
+                       actions=[a[0] for a in actions], inserted=[a[3] for a in actions],
+                       deleted=[a[4] for a in actions])
+        parts.append(frame)
+    if skipped:
+        index = pa.array([i for i, _ in skipped])
+        cols = {name: data[name].take(index) for name in names}
+        parts.append(_frame(schema, "skipped", seqs, ops, [i for i, _ in skipped],
+                            [r for _, r in skipped], cols))
+    if truncated_at >= 0:
+        cols = {name: pa.nulls(1, data[name].type) for name in names}
+        parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _frame(schema: pa.Schema, action: str, seqs: np.ndarray, ops: list[str], deciding: list[int],
+           reasons: list[str] | None, cols: dict[str, pa.Array], *, actions: list[str] | None = None,
+           inserted: list[int] | None = None, deleted: list[int] | None = None) -> pa.Table:
+    m = len(deciding)
+    meta = [
+        pa.array(actions if actions is not None else [action] * m, pa.string()),
+        pa.array(seqs[deciding] if m else np.zeros(0, np.int64), pa.int64()),
+        pa.array([ops[i] for i in deciding], pa.string()),
+        pa.array(reasons if reasons is not None else [None] * m, pa.string()),
+        pa.array(inserted if inserted is not None else [0] * m, pa.int64()),
+        pa.array(deleted if deleted is not None else [0] * m, pa.int64()),
+    ]
+    data = [cols[f.name].cast(f.type) for f in list(schema)[len(OUT_FIELDS):]]
+    return pa.Table.from_arrays([*meta, *data], schema=schema)

@@ -1,0 +1,199 @@
+"""The net-change merge equals a row-by-row reference applier on random change sequences."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgoutput_spark.assemble.typed import change_schema
+from pgoutput_spark.mirror.net import TableSpec, net_changes
+
+COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
+NAMES = tuple(name for name, _ in COLUMNS)
+SCHEMA = change_schema(COLUMNS)
+KEYED = TableSpec("keyed", ("id", "k2"), NAMES)
+MULTISET = TableSpec("multiset", NAMES, NAMES)
+
+
+def _find(table, spec, key):
+    for i, row in enumerate(table):
+        if tuple(row[k] for k in spec.key) == key:
+            return i
+    return None
+
+
+def reference(initial, changes, spec):
+    """The apply worker, one change at a time, on a list of rows."""
+    table = [dict(r) for r in initial]
+    for c in changes:
+        op, new, old, unchanged = c["_op"], c["new"], c["_old"], c["_unchanged_toast"] or []
+        if op == "truncate":
+            table.clear()
+            continue
+        if op == "insert":
+            if spec.mode == "keyed":
+                at = _find(table, spec, tuple(new[k] for k in spec.key))
+                if at is not None:
+                    table.pop(at)
+            table.append(dict(new))
+            continue
+        lookup = old if old is not None else new
+        at = _find(table, spec, tuple(lookup[k] for k in spec.key))
+        if at is None:
+            continue
+        found = table.pop(at)
+        if op == "update":
+            row = {name: (found[name] if name in unchanged else new[name]) for name in NAMES}
+            if spec.mode == "keyed":
+                clash = _find(table, spec, tuple(row[k] for k in spec.key))
+                if clash is not None:  # an upsert, as an insert of an existing key
+                    table.pop(clash)
+            table.insert(at, row)
+    return table
+
+
+def merged(initial, out, spec):
+    """What the MERGE of `net_changes`' output does to the mirror."""
+    rows = out.to_pylist()
+    table = [dict(r) for r in initial]
+    if any(r["_action"] == "truncate" for r in rows):
+        table.clear()
+    for r in rows:
+        value = {name: r[name] for name in NAMES}
+        key = tuple(value[k] for k in spec.key)
+        if r["_action"] in ("upsert", "delete", "delete_all"):
+            table = [t for t in table if tuple(t[k] for k in spec.key) != key]
+        if r["_action"] in ("upsert", "insert"):
+            table.append(value)
+    return table
+
+
+def needed(changes, spec):
+    """The keys whose mirror rows the job reads before the merge (its pre-image)."""
+    keys = set()
+    for c in changes:
+        if c["_old"] is not None:
+            keys.add(tuple(c["_old"][k] for k in spec.key))
+        elif c["_op"] == "update":
+            keys.add(tuple(c["new"][k] for k in spec.key))
+    return keys
+
+
+def to_table(initial, changes, spec):
+    pre_keys = needed(changes, spec)
+    rows = []
+    for r in initial:
+        if tuple(r[k] for k in spec.key) in pre_keys:
+            rows.append({"_op": "pre", "_commit_seq": -1, "_seq": -1, "_old": None,
+                         "_unchanged_toast": [], **r})
+    for i, c in enumerate(changes):
+        rows.append({"_op": c["_op"], "_commit_seq": c["commit"], "_seq": i, "_old": c["_old"],
+                     "_unchanged_toast": c["_unchanged_toast"], **(c["new"] or {})})
+    arrays = {f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in SCHEMA}
+    return pa.table(arrays, schema=SCHEMA)
+
+
+small = st.integers(0, 3)
+values = st.fixed_dictionaries({"id": small, "k2": st.integers(0, 1), "big": st.sampled_from(["x", "y", None]),
+                                "n": st.integers(0, 2)})
+
+
+@st.composite
+def scenario(draw, spec):
+    if spec.mode == "keyed":
+        initial = list({(r["id"], r["k2"]): r for r in draw(st.lists(values, max_size=5))}.values())
+    else:
+        initial = draw(st.lists(values, max_size=5))
+    live = [dict(r) for r in initial]  # a plausible source state, to draw realistic old rows from
+    changes = []
+    commit = 0
+    for _ in range(draw(st.integers(0, 14))):
+        commit += draw(st.integers(0, 1))
+        op = draw(st.sampled_from(["insert", "insert", "update", "update", "delete", "truncate"]))
+        if op == "truncate":
+            changes.append({"_op": op, "new": None, "_old": None, "_unchanged_toast": None, "commit": commit})
+            live.clear()
+            continue
+        new = draw(values)
+        # Old rows: mostly rows that exist, sometimes rows that do not (skipped by the applier).
+        old = draw(st.sampled_from(live)) if live and draw(st.booleans()) else draw(values)
+        if op == "insert":
+            changes.append({"_op": op, "new": new, "_old": None, "_unchanged_toast": [], "commit": commit})
+            live.append(new)
+            continue
+        if spec.mode == "keyed":
+            send_old = op == "delete" or draw(st.booleans())
+            old_sent = {k: old[k] for k in spec.key} if send_old else None
+            if not send_old:
+                new = {**new, "id": old["id"], "k2": old["k2"]}
+        else:
+            old_sent = dict(old)
+        toast = ["big"] if op == "update" and draw(st.booleans()) else []
+        if toast:
+            new = {**new, "big": None}
+        changes.append({"_op": op, "new": new if op == "update" else None, "_old": old_sent,
+                        "_unchanged_toast": toast, "commit": commit})
+    return initial, changes
+
+
+def _normal(table):
+    return Counter(tuple(sorted(r.items(), key=lambda kv: kv[0])) for r in table)
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenario(KEYED))
+def test_keyed_net_change_equals_row_by_row_apply(case):
+    initial, changes = case
+    out = net_changes(to_table(initial, changes, KEYED), KEYED)
+    assert _normal(merged(initial, out, KEYED)) == _normal(reference(initial, changes, KEYED))
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenario(MULTISET))
+def test_multiset_net_change_equals_row_by_row_apply(case):
+    initial, changes = case
+    out = net_changes(to_table(initial, changes, MULTISET), MULTISET)
+    assert _normal(merged(initial, out, MULTISET)) == _normal(reference(initial, changes, MULTISET))
+
+
+def test_identical_rows_stay_separate_and_one_of_them_changes():
+    row = {"id": 1, "k2": 0, "big": "x", "n": 1}
+    changes = [{"_op": "update", "new": {**row, "n": 2}, "_old": row, "_unchanged_toast": [], "commit": 1}]
+    out = net_changes(to_table([row, row, row], changes, MULTISET), MULTISET)
+    assert _normal(merged([row, row, row], out, MULTISET)) == _normal([row, row, {**row, "n": 2}])
+
+
+def test_key_swap_inside_one_transaction_keeps_unchanged_toast_with_its_row():
+    a, b = {"id": 1, "k2": 0, "big": "A" * 10, "n": 1}, {"id": 2, "k2": 0, "big": "B" * 10, "n": 2}
+    swap = [
+        {"_op": "update", "new": {**a, "id": 3, "big": None}, "_old": {"id": 1, "k2": 0},
+         "_unchanged_toast": ["big"], "commit": 1},
+        {"_op": "update", "new": {**b, "id": 1, "big": None}, "_old": {"id": 2, "k2": 0},
+         "_unchanged_toast": ["big"], "commit": 1},
+        {"_op": "update", "new": {**a, "id": 2, "big": None}, "_old": {"id": 3, "k2": 0},
+         "_unchanged_toast": ["big"], "commit": 1},
+    ]
+    out = net_changes(to_table([a, b], swap, KEYED), KEYED)
+    assert _normal(merged([a, b], out, KEYED)) == _normal([{**b, "id": 1}, {**a, "id": 2}])
+
+
+def test_update_of_a_missing_row_is_skipped_with_its_reason():
+    change = {"_op": "update", "new": {"id": 9, "k2": 0, "big": None, "n": 1}, "_old": None,
+              "_unchanged_toast": ["big"], "commit": 1}
+    out = net_changes(to_table([], [change], KEYED), KEYED).to_pylist()
+    assert [(r["_action"], r["_op"], r["_seq"]) for r in out] == [("skipped", "update", 0)]
+    assert "nowhere to be found" in out[0]["_reason"]
+
+
+@pytest.mark.parametrize("spec", [KEYED, MULTISET])
+def test_rows_inserted_after_a_truncate_survive_it(spec):
+    row = {"id": 1, "k2": 0, "big": "x", "n": 1}
+    changes = [{"_op": "insert", "new": row, "_old": None, "_unchanged_toast": [], "commit": 1},
+               {"_op": "truncate", "new": None, "_old": None, "_unchanged_toast": None, "commit": 2},
+               {"_op": "insert", "new": {**row, "n": 5}, "_old": None, "_unchanged_toast": [], "commit": 3}]
+    out = net_changes(to_table([{**row, "id": 2}], changes, spec), spec)
+    assert _normal(merged([{**row, "id": 2}], out, spec)) == _normal([{**row, "n": 5}])

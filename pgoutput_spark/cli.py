@@ -2,6 +2,8 @@
 
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
+    pgoutput-spark apply --target ROOT [--config conf/local.yaml] [--capture PATH]
+    pgoutput-spark status --target ROOT [--config conf/local.yaml]
 
 Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
 bad arguments.
@@ -54,11 +56,31 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--on-error", choices=["fail", "quarantine"])
     changes.add_argument("--quarantine", help=argparse.SUPPRESS)
     changes.add_argument("--master", help="Spark master (default from the configuration)")
+    apply = sub.add_parser("apply", help="merge the capture's changes into Delta mirrors of the source tables")
+    apply.add_argument("--config", help="configuration file (default: built-in defaults)")
+    apply.add_argument("--capture", help="capture path (Parquet folder or Delta table)")
+    apply.add_argument("--target", required=True, help="target root (mirror tables, _runs, state)")
+    apply.add_argument("--pipeline", help="pipeline name (Delta txnAppId prefix)")
+    apply.add_argument("--skip-origin", action="append", default=None, metavar="NAME",
+                       help="skip transactions from this replication origin (repeatable)")
+    apply.add_argument("--format", choices=["auto", "parquet", "delta"])
+    apply.add_argument("--on-error", choices=["fail", "quarantine"])
+    apply.add_argument("--quarantine", help=argparse.SUPPRESS)
+    apply.add_argument("--parallelism", type=int, help="tables merged at once (default 4)")
+    apply.add_argument("--master", help="Spark master (default from the configuration)")
+    status = sub.add_parser("status", help="print a target's runs and its consistent read point")
+    status.add_argument("--config", help="configuration file (default: built-in defaults)")
+    status.add_argument("--target", required=True, help="target root")
+    status.add_argument("--pipeline", help="pipeline name")
+    status.add_argument("--capture", help=argparse.SUPPRESS)
+    status.add_argument("--format", help=argparse.SUPPRESS)
+    status.add_argument("--on-error", help=argparse.SUPPRESS)
+    status.add_argument("--quarantine", help=argparse.SUPPRESS)
+    status.add_argument("--master", help="Spark master (default from the configuration)")
     return parser
 
 
-def run_changes_command(config: Config, target: str) -> str:
-    from .changefeed import run_changes
+def _capture(config: Config):  # type: ignore[no-untyped-def]
     from .spark.session import build_spark_session
 
     spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
@@ -66,6 +88,31 @@ def run_changes_command(config: Config, target: str) -> str:
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
     columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
                              config.capture.data_column, xid)
+    return spark, capture, columns
+
+
+def run_apply_command(config: Config, target: str, parallelism: int | None = None) -> str:
+    from .apply import run_apply
+
+    spark, capture, columns = _capture(config)
+    result = run_apply(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
+                       on_error=config.decode.on_error,  # type: ignore[arg-type]
+                       skip_origins=config.changes.skip_origins, parallelism=parallelism or 4)
+    return result.render()
+
+
+def run_status_command(config: Config, target: str) -> str:
+    from .apply import status
+    from .spark.session import build_spark_session
+
+    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    return status(spark, target, config.changes.pipeline).render()
+
+
+def run_changes_command(config: Config, target: str) -> str:
+    from .changefeed import run_changes
+
+    spark, capture, columns = _capture(config)
     result = run_changes(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
                          on_error=config.decode.on_error,  # type: ignore[arg-type]
                          skip_origins=config.changes.skip_origins)
@@ -127,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_decode(config, args.output))
         elif args.command == "changes":
             print(run_changes_command(config, args.target))
+        elif args.command == "apply":
+            print(run_apply_command(config, args.target, args.parallelism))
+        elif args.command == "status":
+            print(run_status_command(config, args.target))
         return 0
     except PgoutputSparkError as exc:
         print(f"pgoutput-spark: error: {exc}", file=sys.stderr)

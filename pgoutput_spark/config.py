@@ -48,10 +48,18 @@ class ChangesConfig:
     skip_origins: tuple[str, ...] = ()
 
 
+LOCAL_SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
+
 @dataclass(frozen=True)
 class SparkConfig:
     master: str | None = "local[2]"
-    conf: dict[str, str] = field(default_factory=dict)
+    #: The embedded default is local: few shuffle partitions, small Delta snapshots (as conf/local.yaml).
+    conf: dict[str, str] = field(default_factory=lambda: dict(LOCAL_SPARK_CONF))
 
 
 @dataclass(frozen=True)

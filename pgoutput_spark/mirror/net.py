@@ -141,9 +141,9 @@ def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
     has_old_l = has_old.tolist()
 
     if spec.mode == "keyed":
-        return _keyed(rows, data, names, spec, ops, seqs, new_code, old_code, has_old_l, unchanged,
+        return _keyed(rows, data, old, names, spec, ops, seqs, new_code, old_code, has_old_l, unchanged,
                       key_arrays)
-    return _multiset(rows, data, names, ops, seqs, new_code, old_code, has_old_l)
+    return _multiset(rows, data, old, names, ops, seqs, new_code, old_code, has_old_l)
 
 
 def _skipped_reason(op: str, unchanged: bool) -> str:
@@ -154,7 +154,7 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
     return reason
 
 
-def _keyed(rows: pa.Table, data: dict[str, pa.Array], names: list[str], spec: TableSpec,
+def _keyed(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list[str], spec: TableSpec,
            ops: list[str], seqs: np.ndarray, new_code: list[int], old_code: list[int],
            has_old: list[bool], unchanged: dict[int, list[int]], key_arrays: list[pa.Array]) -> pa.Table:
     pre: dict[int, int] = {}
@@ -225,17 +225,25 @@ def _keyed(rows: pa.Table, data: dict[str, pa.Array], names: list[str], spec: Ta
             cols[k] = arr.take(positions)
         parts.append(_frame(schema, "delete", seqs, ops, [last[c] for c in deletes], None, cols))
     if skipped:
-        index = pa.array([i for i, _ in skipped])
-        cols = {name: data[name].take(index) for name in names}
-        parts.append(_frame(schema, "skipped", seqs, ops, [i for i, _ in skipped],
-                            [r for _, r in skipped], cols))
+        parts.append(_skipped_frame(schema, data, old, names, seqs, ops, skipped))
     if truncated_at >= 0:
         cols = {name: pa.nulls(1, data[name].type) for name in names}
         parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _multiset(rows: pa.Table, data: dict[str, pa.Array], names: list[str], ops: list[str],
+def _skipped_frame(schema: pa.Schema, data: dict[str, pa.Array], old: pa.Array, names: list[str],
+                   seqs: np.ndarray, ops: list[str], skipped: list[tuple[int, str]]) -> pa.Table:
+    """The skipped changes, each with the row it looked for (a delete's old key, an update's new row)."""
+    rows = [i for i, _ in skipped]
+    index = pa.array(rows)
+    is_delete = pa.array([ops[i] == "delete" for i in rows])
+    cols = {name: pc.if_else(is_delete, old.field(name).take(index), data[name].take(index))
+            for name in names}
+    return _frame(schema, "skipped", seqs, ops, rows, [r for _, r in skipped], cols)
+
+
+def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list[str], ops: list[str],
               seqs: np.ndarray, new_code: list[int], old_code: list[int], has_old: list[bool]) -> pa.Table:
     pre: dict[int, int] = {}
     count: dict[int, int] = {}
@@ -293,10 +301,7 @@ def _multiset(rows: pa.Table, data: dict[str, pa.Array], names: list[str], ops: 
                        deleted=[a[4] for a in actions])
         parts.append(frame)
     if skipped:
-        index = pa.array([i for i, _ in skipped])
-        cols = {name: data[name].take(index) for name in names}
-        parts.append(_frame(schema, "skipped", seqs, ops, [i for i, _ in skipped],
-                            [r for _, r in skipped], cols))
+        parts.append(_skipped_frame(schema, data, old, names, seqs, ops, skipped))
     if truncated_at >= 0:
         cols = {name: pa.nulls(1, data[name].type) for name in names}
         parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))

@@ -25,9 +25,15 @@ def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
     ).select(*_NEEDED)
 
 
-def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory) -> DataFrame:
-    """The typed change rows of one relation (schema: `change_schema`)."""
-    schema = change_schema(history.table_columns(relation_id))  # type: ignore[arg-type]
+def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,
+                       columns: list[tuple[str, pa.DataType]] | None = None) -> DataFrame:
+    """The typed change rows of one relation (schema: `change_schema`).
+
+    ``columns`` (name, Arrow type) default to `RelationHistory.table_columns`.
+    """
+    if columns is None:
+        columns = history.table_columns(relation_id)  # type: ignore[assignment]
+    schema = change_schema(columns)  # type: ignore[arg-type]
     shared = committed.sparkSession.sparkContext.broadcast(history)
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

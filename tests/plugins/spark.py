@@ -19,6 +19,8 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
+            # Small Delta tables: rebuild their snapshots in 2 partitions, not 50.
+            "spark.databricks.delta.snapshotPartitions": "2",
             # Small Arrow batches so tests cross batch boundaries.
             "spark.sql.execution.arrow.maxRecordsPerBatch": "64",
         },

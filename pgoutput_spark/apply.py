@@ -1,0 +1,435 @@
+"""The ``apply`` job: capture slice -> Delta mirror tables equal to their source tables.
+
+Layout under the target root::
+
+    <root>/<schema>/<table>/        one mirror per source table (`mirror.delta.mirror_path`)
+    <root>/_runs/                   one row per finished run (Delta; `status` prints it)
+    <root>/_pgoutput/lease/         the pipeline's position and the run holding it (one row)
+    <root>/_pgoutput/relations/     every Relation / Type message seen
+    <root>/_pgoutput/pending/       rows of transactions still open at the end of a run
+    <root>/_pgoutput/quarantine/    undecodable messages with raw bytes (on_error="quarantine")
+    <root>/_pgoutput/skipped/       updates and deletes that found no row, with the reason
+
+A run takes the capture slice ``(lo, hi]`` in seq after the previous run. It
+claims the slice in the lease with a conditional Delta UPDATE (a concurrent
+run conflicts on that commit, or finds the lease moved, and fails with
+`ConcurrentRunError`); then, before anything is written, checks every
+mirror's schema against its source; then merges each table once (tables in
+parallel), each MERGE carrying ``txnAppId`` = ``<pipeline>:relation:<oid>``
+and ``txnVersion`` = the run's last applied commit LSN; then saves relations,
+open transactions and the run row, and releases the lease. A run that dies
+half-way leaves the lease ``running``: the next run redoes exactly that
+slice, and Delta skips the merges that already committed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .assemble.relations import RelationHistory, versions_from_rows
+from .assemble.typed import change_schema
+from .capture import CaptureColumns, _is_delta
+from .errors import PgoutputSparkError
+from .lsn import Lsn
+from .mirror.delta import (
+    SchemaPlan,
+    applied_commit,
+    apply_schema,
+    merge,
+    mirror_path,
+    net_frame,
+    plan_schema,
+    pre_image,
+    table_spec,
+)
+from .spark.assemble import ScanState, assemble
+from .spark.changes import typed_change_frame
+from .spark.decode import OnError, decode, quarantined
+
+
+class ConcurrentRunError(PgoutputSparkError):
+    """Another run holds or took the target's lease."""
+
+
+LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
+                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp")
+TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
+                "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
+RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
+               f"to_lsn long, messages long, transactions long, quarantined_messages long, "
+               f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
+               f"finished_at timestamp, duration_s double")
+SKIPPED_SCHEMA = "table string, relation_id long, seq long, op string, reason string, row string"
+
+
+@dataclass(frozen=True)
+class TableResult:
+    table: str
+    path: str
+    relation_id: int
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: int = 0
+    truncated: bool = False
+    status: str = "merged"  # merged | already applied
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    lo: int | None
+    hi: int | None
+    from_lsn: int | None = None
+    to_lsn: int | None = None
+    messages: int = 0
+    transactions: int = 0
+    tables: list[TableResult] = field(default_factory=list)
+    quarantined_messages: int = 0
+    open_rows: int = 0
+    redone: bool = False
+    skipped: bool = False
+    duration_s: float = 0.0
+
+    def render(self) -> str:
+        if self.skipped:
+            return f"nothing new after seq {self.lo}: no Delta commit"
+        start = "the start" if self.lo is None else f"seq {self.lo}"
+        applied = ("no transaction committed in this slice" if self.from_lsn is None else
+                   f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}")
+        lines = [f"capture slice: after {start} up to seq {self.hi}"
+                 + (" (redoing an interrupted run)" if self.redone else ""),
+                 f"applied: {applied}", f"messages: {self.messages}",
+                 f"transactions applied: {self.transactions}",
+                 f"quarantined messages: {self.quarantined_messages}",
+                 f"rows of open transactions carried over: {self.open_rows}"]
+        if self.tables:
+            width = max(len(t.table) for t in self.tables)
+            lines.append(f"{'table':<{width}}  {'inserted':>9} {'updated':>9} {'deleted':>9} "
+                         f"{'skipped':>8}  note")
+            for t in sorted(self.tables, key=lambda t: t.table):
+                note = ", ".join(n for n in (("truncated" if t.truncated else ""),
+                                             ("" if t.status == "merged" else t.status)) if n)
+                lines.append(f"{t.table:<{width}}  {t.inserted:>9} {t.updated:>9} {t.deleted:>9} "
+                             f"{t.skipped:>8}  {note}".rstrip())
+        lines.append(f"took {self.duration_s:.1f} s")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    status: str  # idle | running
+    lo: int | None
+    hi: int | None
+    scan: ScanState
+    applied_lsn: int | None
+
+
+def _txn_write(frame: DataFrame, path: str, app_id: str, version: int) -> None:
+    (frame.write.format("delta").mode("append").option("mergeSchema", "true")
+     .option("txnAppId", app_id).option("txnVersion", version).save(path))
+
+
+class Ledger:
+    """The target's run state (see module doc)."""
+
+    def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
+        self.spark, self.root, self.pipeline = spark, target.rstrip("/"), pipeline
+        self.lease_path = f"{self.root}/_pgoutput/lease"
+        self.runs_path = f"{self.root}/_runs"
+        self.relations_path = f"{self.root}/_pgoutput/relations"
+        self.pending_path = f"{self.root}/_pgoutput/pending"
+        self.quarantine_path = f"{self.root}/_pgoutput/quarantine"
+        self.skipped_path = f"{self.root}/_pgoutput/skipped"
+
+    def lease(self) -> Lease:
+        if not _is_delta(self.spark, self.lease_path):
+            first = self.spark.createDataFrame(
+                [(self.pipeline, "", "idle", None, None, None, None, None, None)], LEASE_SCHEMA)
+            try:
+                first.write.format("delta").mode("errorifexists").save(self.lease_path)
+            except Exception as exc:  # another run created it first: read theirs
+                if not _is_delta(self.spark, self.lease_path):
+                    raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
+                                             f"{str(exc).splitlines()[0]}") from exc
+        rows = self.spark.read.format("delta").load(self.lease_path).where(
+            F.col("pipeline") == self.pipeline).collect()
+        if not rows:
+            raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
+                                     f"the target belongs to another pipeline")
+        r = rows[0]
+        return Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
+                     r["applied_lsn"])
+
+    def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
+        sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
+        try:
+            row = self.spark.sql(
+                f"UPDATE delta.`{self.lease_path}` SET {sets} "
+                f"WHERE pipeline = {_sql(self.pipeline)} AND run_id = {_sql(run_id)}").first()
+        except Exception as exc:
+            if "Concurrent" in type(exc).__name__ or "Concurrent" in str(exc)[:400]:
+                raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
+                                         f"run tried to {what}; nothing of this run was lost, "
+                                         f"re-run it") from exc
+            raise
+        if row is None or row[0] != 1:
+            raise ConcurrentRunError(f"another run on {self.root} took its lease before this run "
+                                     f"could {what}; re-run when it has finished")
+
+    def claim(self, lease: Lease, run_id: str, hi: int) -> None:
+        self._update({"run_id": _sql(run_id), "status": "'running'", "hi": str(hi),
+                      "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
+
+    def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None) -> None:
+        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": _sql(end.last_begin_seq),
+                      "scan_xid": _sql(end.last_stream_xid), "applied_lsn": _sql(applied_lsn)},
+                     run_id, "record its end")
+
+    def history(self) -> RelationHistory:
+        history = RelationHistory()
+        if _is_delta(self.spark, self.relations_path):
+            history.add(versions_from_rows(self.spark.read.format("delta").load(self.relations_path)
+                                           .collect()))
+        return history
+
+    def pending(self, hi: int | None) -> DataFrame | None:
+        if hi is None or not _is_delta(self.spark, self.pending_path):
+            return None
+        return self.spark.read.format("delta").load(self.pending_path).where(
+            F.col("_run_hi") == hi).drop("_run_hi")
+
+
+def _sql(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
+              columns: CaptureColumns | None = None, pipeline: str = "default",
+              on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
+              parallelism: int = 4) -> ApplyResult:
+    """Apply the next slice of ``capture`` to the mirror tables under ``target``."""
+    started = time.time()
+    ledger = Ledger(spark, target, pipeline)
+    canonical = (columns or CaptureColumns()).select(capture)
+    lease = ledger.lease()
+    lo = lease.lo
+    redone = lease.status == "running"
+    if redone:  # the previous run died: redo exactly its slice
+        assert lease.hi is not None
+        hi = lease.hi
+    else:
+        newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
+        hi = newer.agg(F.max("seq")).first()[0]
+        if hi is None:
+            return ApplyResult(lo, None, skipped=True)
+    run_id = uuid.uuid4().hex
+    ledger.claim(lease, run_id, hi)
+    window = canonical.where(F.col("seq") <= hi)
+    if lo is not None:
+        window = window.where(F.col("seq") > lo)
+    decoded = decode(window, on_error=on_error,
+                     initially_in_stream=lease.scan.last_stream_xid is not None).persist()
+    try:
+        return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone)
+    finally:
+        decoded.unpersist()
+
+
+def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
+         skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool) -> ApplyResult:
+    spark, lo = ledger.spark, lease.lo
+    meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
+    history = ledger.history()
+    new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
+    history.add(versions_from_rows(new_meta))
+    assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
+    committed = assembled.committed.persist()
+    try:
+        touched = committed.select(F.explode(F.when(
+            F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
+            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"))
+        relations = sorted(r[0] for r in touched.distinct().collect())
+        span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
+                             F.countDistinct("commit_seq")).first()
+        from_lsn, to_lsn, transactions = span[0], span[1], span[2]
+        for relation_id in relations:
+            if relation_id not in history.relations:
+                first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
+                history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
+        # Every schema decision before anything is written.
+        plans = {oid: _plan(spark, ledger.root, history, oid) for oid in relations}
+        if new_meta:
+            _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
+        results: list[TableResult] = []
+        if relations:
+            assert to_lsn is not None
+            metadata = {"pipeline": ledger.pipeline, "lo_seq": lo, "hi_seq": hi,
+                        "from_lsn": from_lsn, "to_lsn": to_lsn}
+            by_path: dict[str, list[int]] = {}
+            for oid in relations:  # relations sharing a name share the mirror, one after another
+                by_path.setdefault(plans[oid].path, []).append(oid)
+
+            def mirror(oids: list[int]) -> list[TableResult]:
+                session = _child_session(spark)
+                return [_mirror_table(session, ledger, committed, history, oid, plans[oid], to_lsn,
+                                      metadata) for oid in oids]
+
+            with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+                for done in pool.map(mirror, by_path.values()):
+                    results.extend(done)
+        open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
+        _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
+        n_open = assembled.open_rows.count()
+    finally:
+        committed.unpersist()
+        assembled.release()
+    bad = quarantined(decoded)
+    n_bad = bad.count()
+    if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
+        _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
+    n_messages = decoded.count()
+    result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
+                         redone, duration_s=time.time() - started)
+    _finish(ledger, run_id, result, assembled.end_state, lease, started)
+    return result
+
+
+def _child_session(spark: SparkSession) -> SparkSession:
+    """A session of its own for one thread's Delta transaction settings, with the parent's SQL settings."""
+    child = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if key.startswith(("spark.sql.", "spark.databricks.")) and not key.startswith(
+                ("spark.sql.extensions", "spark.sql.catalog.", "spark.sql.warehouse")):
+            try:
+                child.conf.set(key, value)
+            except Exception:  # a static setting: the child has it from the context already
+                pass
+    return child
+
+
+def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int) -> SchemaPlan:
+    first = history.relations[oid][0]  # a renamed table keeps the mirror it started with
+    latest = history.latest(oid)
+    return plan_schema(spark, mirror_path(root, first.namespace, first.name),
+                       f"{latest.namespace}.{latest.name}", history.table_columns(oid))  # type: ignore[arg-type]
+
+
+def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
+                  oid: int, plan: SchemaPlan, to_lsn: int, metadata: dict[str, Any]) -> TableResult:
+    latest = history.latest(oid)
+    name = f"{latest.namespace}.{latest.name}"
+    app_id = f"{ledger.pipeline}:relation:{oid}"
+    done = applied_commit(session, plan.path, app_id, to_lsn)
+    if done is not None:  # a redone run: this table's merge already committed
+        return TableResult(name, plan.path, oid, **done, status="already applied")
+    apply_schema(session, plan)
+    spec = table_spec(latest, [c for c, _ in plan.columns])
+    arrow_schema = change_schema(plan.columns)
+    typed = typed_change_frame(committed, oid, history, columns=plan.columns).persist()
+    try:
+        net = net_frame(typed, pre_image(session, plan.path, typed, spec), spec, arrow_schema).persist()
+        try:
+            summary = {r["_action"]: r for r in net.groupBy("_action").agg(
+                F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
+                F.sum("_deleted").alias("del")).collect()}
+            truncated = "truncate" in summary
+            n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
+            if n_skipped:
+                data = [F.col(f"`{c}`") for c in spec.columns]
+                skipped = net.where(F.col("_action") == "skipped").select(
+                    F.lit(name).alias("table"), F.lit(oid).cast("long").alias("relation_id"),
+                    F.col("_seq").alias("seq"), F.col("_op").alias("op"), F.col("_reason").alias("reason"),
+                    F.to_json(F.struct(*data)).alias("row"))
+                _txn_write(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
+            changes = [a for a in summary if a not in ("skipped", "truncate")]
+            counts = {"inserted": 0, "updated": 0, "deleted": 0}
+            if changes or truncated:
+                source = net.where(F.col("_action").isin("upsert", "delete", "delete_all", "insert"))
+                counts = merge(session, plan.path, source, spec, truncated=truncated, app_id=app_id,
+                               version=to_lsn, metadata=metadata)
+                if spec.mode == "multiset":  # net rows: an update is a delete and an insert
+                    counts = {"inserted": sum(r["ins"] or 0 for r in summary.values()), "updated": 0,
+                              "deleted": counts["deleted"] if truncated else
+                              sum(r["del"] or 0 for r in summary.values())}
+            return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated)
+        finally:
+            net.unpersist()
+    finally:
+        typed.unpersist()
+
+
+def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,
+            started: float) -> None:
+    spark = ledger.spark
+    tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
+               t.status) for t in result.tables]
+    row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
+            result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
+            tables, None, None, result.duration_s)]
+    frame = spark.createDataFrame(row, RUNS_SCHEMA).withColumn(
+        "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
+    assert result.hi is not None
+    _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
+    applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
+    ledger.release(run_id, result.hi, end, applied)
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    """A target's run history and its consistent read point."""
+
+    runs: list[dict[str, Any]]
+    read_point: int | None  # every mirror is complete up to this commit LSN
+    running: bool  # a run holds the lease (or died holding it)
+    position: int | None  # capture seq up to which runs have finished
+
+    def render(self, last: int = 10) -> str:
+        lines = []
+        point = "nothing applied yet" if self.read_point is None else str(Lsn(self.read_point))
+        lines.append(f"consistent read point: {point}")
+        lines.append(f"capture position: seq {self.position}" if self.position is not None
+                     else "capture position: start")
+        if self.running:
+            lines.append("a run is in progress, or the last one died: the next run redoes its slice")
+        lines.append(f"runs: {len(self.runs)}" + (f" (last {last})" if len(self.runs) > last else ""))
+        for r in self.runs[-last:]:
+            to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
+            changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
+            lines.append(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  seq {r['lo_seq']}..{r['hi_seq']}  "
+                         f"to {to}  messages {r['messages']}  transactions {r['transactions']}  "
+                         f"rows changed {changed}  skipped {r['quarantined_rows']}  "
+                         f"quarantined {r['quarantined_messages']}  {r['duration_s']:.1f} s")
+            for t in sorted(r["tables"] or [], key=lambda t: t["table"]):
+                lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
+                             + (f" skipped {t['skipped']}" if t["skipped"] else "")
+                             + (" truncated" if t["truncated"] else ""))
+        return "\n".join(lines)
+
+
+def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
+    """The run history of ``target`` and the LSN up to which every mirror is complete."""
+    ledger = Ledger(spark, target, pipeline)
+    if not _is_delta(spark, ledger.lease_path):
+        return Status([], None, False, None)
+    lease = ledger.lease()
+    runs: list[dict[str, Any]] = []
+    if _is_delta(spark, ledger.runs_path):
+        rows = spark.read.format("delta").load(ledger.runs_path).where(
+            F.col("pipeline") == pipeline).orderBy("hi_seq").collect()
+        runs = [r.asDict(recursive=True) for r in rows]
+    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo)

@@ -1,0 +1,289 @@
+"""Mirror tables in Delta: where they live, how their schema follows the source, one MERGE per run.
+
+Each source table (relation OID) has one Delta table at
+``<root>/<schema>/<table>`` (`mirror_path`). Mirrors are created with column
+mapping (so source column names keep any character), type widening and
+deletion vectors enabled.
+
+A run's MERGE into a mirror takes the rows of `pgoutput_spark.mirror.net` and
+is idempotent: it carries the transaction identifier ``txnAppId`` =
+``<pipeline>:relation:<oid>``, ``txnVersion`` = the run's applied commit LSN,
+and records the run's LSN and seq range as its commit's ``userMetadata``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from ..assemble.relations import RelationVersion
+from ..assemble.typed import META_NAMES
+from ..decoder.protocol import ReplicaIdentity
+from ..errors import PgoutputSparkError
+from .net import TableSpec, net_changes, out_schema
+
+#: Table properties of every mirror.
+PROPERTIES = {
+    "delta.columnMapping.mode": "name",
+    "delta.enableTypeWidening": "true",
+    "delta.enableDeletionVectors": "true",
+}
+
+#: The commit-metadata key under which a run records what it applied.
+METADATA_KEY = "pgoutput_spark"
+
+
+class SchemaChangeError(PgoutputSparkError):
+    """A source column changed type in a way the mirror's Delta column cannot follow."""
+
+
+def _segment(name: str) -> str:
+    """A path segment for a source name: kept as is but for ``%``, ``/`` and a leading ``_`` or ``.``."""
+    out = name.replace("%", "%25").replace("/", "%2F")
+    if out[:1] in ("_", "."):
+        out = f"%{ord(out[0]):02X}{out[1:]}"
+    return out or "%00"
+
+
+def mirror_path(root: str, namespace: str, name: str) -> str:
+    """Where the mirror of ``namespace.name`` lives under ``root``."""
+    return f"{root.rstrip('/')}/{_segment(namespace)}/{_segment(name)}"
+
+
+def quote(name: str) -> str:
+    """A column name as a Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_spec(version: RelationVersion, columns: list[str]) -> TableSpec:
+    """Keyed by the replica identity's columns, or a multiset when the identity is the whole row."""
+    key = version.key_columns
+    if version.replica_identity is ReplicaIdentity.FULL or not key:
+        identity = key if key else tuple(c.name for c in version.columns)
+        return TableSpec("multiset", tuple(identity), tuple(columns))
+    return TableSpec("keyed", key, tuple(columns))
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+_INTEGERS = [T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType()]
+
+
+def widens(old: T.DataType, new: T.DataType) -> bool:
+    """Whether Delta's type widening turns a column of type ``old`` into ``new``."""
+    if old == new:
+        return True
+    if old in _INTEGERS and new in _INTEGERS:
+        return _INTEGERS.index(old) < _INTEGERS.index(new)
+    if old == T.FloatType() and new == T.DoubleType():
+        return True
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    if old in _INTEGERS and isinstance(new, T.DecimalType):
+        digits = {0: 3, 1: 5, 2: 10, 3: 20}[_INTEGERS.index(old)]
+        return new.precision - new.scale >= digits
+    return False
+
+
+@dataclass(frozen=True)
+class SchemaPlan:
+    """What a run does to a mirror's schema before merging, decided before anything is written."""
+
+    path: str
+    exists: bool
+    columns: list[tuple[str, pa.DataType]]  # the types the run's rows are converted to
+    add: list[T.StructField]
+    widen: list[T.StructField]
+
+    @property
+    def changes(self) -> bool:
+        return not self.exists or bool(self.add or self.widen)
+
+
+def plan_schema(spark: SparkSession, path: str, table: str,
+                columns: list[tuple[str, pa.DataType]]) -> SchemaPlan:
+    """Compare the source's columns with the mirror's; raise `SchemaChangeError` if they cannot meet.
+
+    A column whose source type narrowed keeps the mirror's wider type (values
+    are converted to it); one that widened is widened in Delta; any other type
+    change is an error naming the table, column and both types.
+    """
+    from ..capture import _is_delta
+
+    wanted = from_arrow_schema(pa.schema(columns))
+    if not _is_delta(spark, path):
+        return SchemaPlan(path, False, columns, list(wanted.fields), [])
+    existing = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    add, widen, out = [], [], []
+    for (name, arrow), field in zip(columns, wanted.fields):
+        have = existing.get(name)
+        if have is None:
+            add.append(field)
+        elif have != field.dataType:
+            if widens(have, field.dataType):
+                widen.append(field)
+            elif widens(field.dataType, have):
+                arrow = _arrow_of(have)
+            else:
+                raise SchemaChangeError(
+                    f"{table}: column {name!r} changed type from {have.simpleString()} to "
+                    f"{field.dataType.simpleString()}, which the Delta mirror at {path} cannot widen "
+                    f"to; nothing was written. Re-snapshot the table into a new mirror")
+        out.append((name, arrow))
+    return SchemaPlan(path, True, out, add, widen)
+
+
+def _arrow_of(data_type: T.DataType) -> pa.DataType:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(data_type)
+
+
+def apply_schema(spark: SparkSession, plan: SchemaPlan) -> None:
+    """Create the mirror, or add and widen its columns (each a Delta commit, idempotent in effect)."""
+    from delta.tables import DeltaTable
+
+    if not plan.exists:
+        builder = DeltaTable.createIfNotExists(spark).location(plan.path).addColumns(
+            T.StructType(plan.add))
+        for key, value in PROPERTIES.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        return
+    target = f"delta.`{plan.path}`"
+    if plan.add:
+        columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
+        spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({columns})")
+    for field in plan.widen:
+        spark.sql(f"ALTER TABLE {target} ALTER COLUMN {quote(field.name)} TYPE "
+                  f"{field.dataType.simpleString()}")
+
+
+# -- the run's rows -------------------------------------------------------------------------------
+
+
+def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec) -> DataFrame:
+    """The mirror's rows for the keys the run's updates and deletes look up, as change rows."""
+    old = F.col("_old")
+    k = [f"__pgoutput_spark_key_{i}" for i in range(len(spec.key))]  # clash-free names
+    if spec.mode == "keyed":
+        looked_up = typed.where(old.isNotNull()).select(
+            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)]).unionByName(
+            typed.where((F.col("_op") == "update") & old.isNull()).select(
+                *[F.col(quote(c)).alias(k[i]) for i, c in enumerate(spec.key)]))
+    else:
+        looked_up = typed.where(old.isNotNull()).select(
+            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
+    target = spark.read.format("delta").load(path)
+    equal = [(F.col(quote(c)).eqNullSafe(F.col(k[i])) if spec.mode == "multiset"
+              else F.col(quote(c)) == F.col(k[i])) for i, c in enumerate(spec.key)]
+    condition = equal[0]
+    for more in equal[1:]:
+        condition = condition & more
+    rows = target.join(looked_up.distinct(), condition, "left_semi")
+    schema = typed.schema
+    present = set(target.columns)
+    columns = []
+    for field in schema.fields:
+        name = field.name
+        if name == "_op":
+            value = F.lit("pre")
+        elif name in ("_commit_seq", "_seq"):
+            value = F.lit(-1).cast("long")
+        elif name == "_unchanged_toast":
+            value = F.array().cast(field.dataType)
+        elif name in META_NAMES:
+            value = F.lit(None).cast(field.dataType)
+        elif name in present:
+            value = F.col(quote(name)).cast(field.dataType)
+        else:
+            value = F.lit(None).cast(field.dataType)
+        columns.append(value.alias(name))
+    return rows.select(*columns)
+
+
+def net_frame(typed: DataFrame, pre: DataFrame, spec: TableSpec, arrow_schema: pa.Schema) -> DataFrame:
+    """The run's net rows for one table (schema `net.out_schema`), computed in one task."""
+    result_schema = out_schema(arrow_schema)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches), schema=arrow_schema)
+        yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
+
+    rows = typed.unionByName(pre).repartition(1)
+    return rows.mapInArrow(run, from_arrow_schema(result_schema))
+
+
+# -- merge ------------------------------------------------------------------------------------------
+
+
+def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
+          app_id: str, version: int, metadata: dict[str, Any]) -> dict[str, int]:
+    """One idempotent MERGE of ``source`` (net rows without ``skipped``) into the mirror at ``path``."""
+    from delta.tables import DeltaTable
+
+    values = {quote(c): f"s.{quote(c)}" for c in spec.columns}
+    target = DeltaTable.forPath(session, path).alias("t")
+    if spec.mode == "keyed":
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
+        builder = (target.merge(source.alias("s"), on)
+                   .whenMatchedDelete("s._action = 'delete'")
+                   .whenMatchedUpdate("s._action = 'upsert'", values)
+                   .whenNotMatchedInsert("s._action = 'upsert'", values))
+    else:
+        on = " AND ".join(["s._action = 'delete_all'",
+                           *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
+        builder = (target.merge(source.alias("s"), on)
+                   .whenMatchedDelete()
+                   .whenNotMatchedInsert("s._action = 'insert'", values))
+    if truncated:
+        builder = builder.whenNotMatchedBySourceDelete()
+    conf = session.conf
+    # ``source`` is persisted by the caller and deterministic: Delta need not materialize it again.
+    conf.set("spark.databricks.delta.merge.materializeSource", "none")
+    conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    conf.set("spark.databricks.delta.commitInfo.userMetadata",
+             json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
+    try:
+        result = builder.execute()
+    finally:
+        for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata",
+                    "merge.materializeSource"):
+            conf.unset(f"spark.databricks.delta.{key}")
+    row = result.first() if result is not None else None
+    if row is None:
+        return {"inserted": 0, "updated": 0, "deleted": 0}
+    return {"inserted": row["num_inserted_rows"], "updated": row["num_updated_rows"],
+            "deleted": row["num_deleted_rows"]}
+
+
+def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) -> dict[str, int] | None:
+    """Counts of this pipeline's MERGE at ``version`` if the mirror already has it (a redone run)."""
+    from ..capture import _is_delta
+
+    if not _is_delta(spark, path):
+        return None
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 20").select(
+        "operation", "userMetadata", "operationMetrics").collect()
+    for commit in history:
+        if commit["operation"] != "MERGE" or not commit["userMetadata"]:
+            continue
+        try:
+            meta = json.loads(commit["userMetadata"]).get(METADATA_KEY, {})
+        except ValueError:
+            continue
+        if meta.get("app_id") == app_id and meta.get("to_lsn", -1) >= version:
+            m = commit["operationMetrics"] or {}
+            return {"inserted": int(m.get("numTargetRowsInserted", 0)),
+                    "updated": int(m.get("numTargetRowsUpdated", 0)),
+                    "deleted": int(m.get("numTargetRowsDeleted", 0))}
+    return None

@@ -1,0 +1,196 @@
+"""The apply job on crafted captures: runs, re-runs, crashes, concurrency and schema changes.
+
+Crafted messages pin down behaviour PostgreSQL cannot be made to produce on
+demand (a crash at a chosen point, a type change Delta cannot follow); the
+end-to-end tests against a real server are in test_apply_pg.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pyspark.sql import types as T
+
+from pgoutput_spark import apply as job
+from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
+from pgoutput_spark.mirror import delta as mirror_delta
+from pgoutput_spark.mirror.delta import SchemaChangeError
+
+from ..decoder import builders as b
+
+INT4, INT8, TEXT = 23, 20, 25
+
+
+def _frame(spark, messages, start=0):
+    return spark.createDataFrame([(start + i, 100 + start + i, bytearray(m)) for i, m in enumerate(messages)],
+                                 "seq long, lsn long, data binary")
+
+
+def _t(*values):
+    return b.tuple_data(*[("n", None) if v is None else ("u", None) if v is ... else ("t", str(v).encode())
+                          for v in values])
+
+
+ONE = b.relation(1, "public", "one", "d", [(1, "id", INT4, -1), (0, "big", TEXT, -1)])
+TWO = b.relation(2, "Mixed Case", "t/wo", "f", [(1, "k", TEXT, -1), (1, "n", INT4, -1)])
+
+
+def _txn(xid, lsn, *changes):
+    return [b.begin(lsn, 0, xid), *changes, b.commit(lsn, lsn + 1, 0)]
+
+
+def _first_slice():
+    return [
+        *_txn(700, 1000, ONE, b.insert(1, _t(1, "x" * 3000)), b.insert(1, _t(2, "two")), TWO,
+              b.insert(2, _t("dup", 1)), b.insert(2, _t("dup", 1)), b.insert(2, _t("other", 5))),
+        *_txn(701, 2000, b.update(1, _t(1, ...)),  # unchanged TOAST: kept from the same run
+              b.update(2, _t("dup", 2), _t("dup", 1), old_kind="O"),  # one of two identical rows
+              b.delete(1, _t(9, None))),  # no such row: skipped and recorded
+    ]
+
+
+def _second_slice():
+    return [
+        *_txn(702, 3000, b.update(1, _t(10, ...), _t(1, None))),  # key change; TOAST from the mirror
+        *_txn(703, 4000, b.delete(2, _t("other", 5), old_kind="O"), b.insert(1, _t(2, "upsert"))),
+    ]
+
+
+def _mirror(spark, root, schema, table):
+    return sorted(tuple(r) for r in spark.read.format("delta").load(
+        mirror_delta.mirror_path(root, schema, table)).collect())
+
+
+def _commits(spark, path):
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+
+
+EXPECTED_ONE = [(2, "upsert"), (10, "x" * 3000)]
+EXPECTED_TWO = [("dup", 1), ("dup", 2)]
+
+
+def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_path):
+    root = str(tmp_path / "target")
+    first = _first_slice()
+    r1 = run_apply(spark, _frame(spark, first), root)
+    assert (r1.lo, r1.hi, r1.from_lsn, r1.to_lsn, r1.transactions) == (None, len(first) - 1, 1000, 2000, 2)
+    assert _mirror(spark, root, "public", "one") == [(1, "x" * 3000), (2, "two")]
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 1), ("dup", 2), ("other", 5)]
+    counts = {t.table: (t.inserted, t.updated, t.deleted, t.skipped) for t in r1.tables}
+    assert counts == {"public.one": (2, 0, 0, 1), "Mixed Case.t/wo": (3, 0, 0, 0)}
+    skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").collect()
+    assert [(r["table"], r["op"], r["row"]) for r in skipped] == [("public.one", "delete", '{"id":9}')]
+
+    capture = _frame(spark, first + _second_slice())
+    r2 = run_apply(spark, capture, root)
+    assert (r2.lo, r2.to_lsn) == (r1.hi, 4000)
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
+
+    paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
+    before = [_commits(spark, p) for p in paths]
+    assert run_apply(spark, capture, root).skipped
+    assert [_commits(spark, p) for p in paths] == before
+
+    st = status(spark, root)
+    assert (st.read_point, st.running, st.position, len(st.runs)) == (4000, False, r2.hi, 2)
+    assert "consistent read point: 0/FA0" in st.render()
+    assert paths[1].endswith("/Mixed Case/t%2Fwo")
+
+
+def _crash(monkeypatch, target, name, *, on_call=1):
+    """Make ``target.name`` raise on its ``on_call``-th call."""
+    real = getattr(target, name)
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == on_call:
+            raise RuntimeError(f"killed in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, failing)
+
+
+@pytest.mark.parametrize("stage", [
+    pytest.param((job, "assemble", 1), id="after-decoding"),
+    pytest.param((job, "merge", 2), id="between-two-tables"),
+    pytest.param((job, "_finish", 1), id="after-merges-before-state"),
+])
+def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path, monkeypatch, stage):
+    module, name, on_call = stage
+    root = str(tmp_path / "target")
+    capture = _frame(spark, _first_slice() + _second_slice())
+    with monkeypatch.context() as m:
+        _crash(m, module, name, on_call=on_call)
+        with pytest.raises(RuntimeError, match="killed"):
+            run_apply(spark, capture, root, parallelism=1)
+    assert status(spark, root).running
+    redo = run_apply(spark, capture, root)
+    assert redo.redone and redo.lo is None
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
+    # A redone run reports what the interrupted one merged, from the commits themselves.
+    assert sum(t.inserted for t in redo.tables) == 3 + 1
+    assert run_apply(spark, capture, root).skipped
+    assert len(status(spark, root).runs) == 1
+
+
+def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
+    root = str(tmp_path / "target")
+    capture = _frame(spark, _first_slice() + _second_slice())
+    outcomes: list[object] = []
+
+    def one_run():
+        try:
+            outcomes.append(run_apply(spark, capture, root))
+        except ConcurrentRunError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=one_run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 2 and any(not isinstance(o, Exception) for o in outcomes), outcomes
+    for o in outcomes:
+        assert not isinstance(o, Exception) or "another run" in str(o)
+    if any(isinstance(o, Exception) for o in outcomes):
+        run_apply(spark, capture, root)  # what the failed run would have done, if anything
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
+    assert not status(spark, root).running
+
+
+def test_schema_changes_add_widen_keep_dropped_and_renamed_columns(spark, tmp_path):
+    root = str(tmp_path / "target")
+    v1 = b.relation(3, "public", "s", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b", TEXT, -1)])
+    first = _txn(800, 1000, v1, b.insert(3, _t(1, 10, "b1")), b.insert(3, _t(2, 20, "b2")))
+    run_apply(spark, _frame(spark, first), root)
+    # a widens to bigint, b is renamed to c, a new column d appears.
+    v2 = b.relation(3, "public", "s", "d", [(1, "id", INT4, -1), (0, "a", INT8, -1), (0, "c", TEXT, -1),
+                                            (0, "d", INT4, -1)])
+    second = _txn(801, 2000, v2, b.insert(3, _t(3, 2**40, "c3", 3)), b.update(3, _t(1, 11, "c1", 1)))
+    run_apply(spark, _frame(spark, first + second), root)
+    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "s"))
+    types = {f.name: f.dataType for f in frame.schema.fields}
+    assert types == {"id": T.IntegerType(), "a": T.LongType(), "b": T.StringType(), "c": T.StringType(),
+                     "d": T.IntegerType()}
+    # A renamed column is a dropped column (kept, NULL for rows changed since) plus a new one.
+    assert sorted(tuple(r) for r in frame.select("id", "a", "b", "c", "d").collect()) == [
+        (1, 11, None, "c1", 1), (2, 20, "b2", None, None), (3, 2**40, None, "c3", 3)]
+
+
+def test_a_type_change_delta_cannot_follow_fails_before_anything_is_written(spark, tmp_path):
+    root = str(tmp_path / "target")
+    v1 = b.relation(4, "public", "w", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1)])
+    first = _txn(900, 1000, v1, b.insert(4, _t(1, 10)))
+    run_apply(spark, _frame(spark, first), root)
+    path = mirror_delta.mirror_path(root, "public", "w")
+    before = _commits(spark, path)
+    v2 = b.relation(4, "public", "w", "d", [(1, "id", INT4, -1), (0, "a", TEXT, -1)])
+    with pytest.raises(SchemaChangeError, match=r"public\.w: column 'a' changed type from int to string"):
+        run_apply(spark, _frame(spark, first + _txn(901, 2000, v2, b.insert(4, _t(2, "x")))), root)
+    assert _commits(spark, path) == before
+    assert _mirror(spark, root, "public", "w") == [(1, 10)]

@@ -397,6 +397,7 @@ class Status:
     read_point: int | None  # every mirror is complete up to this commit LSN
     running: bool  # a run holds the lease (or died holding it)
     position: int | None  # capture seq up to which runs have finished
+    mirrors: dict[str, tuple[str, int]] = field(default_factory=dict)  # table -> (path, rows)
 
     def render(self, last: int = 10) -> str:
         lines = []
@@ -418,6 +419,11 @@ class Status:
                 lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
                              + (f" skipped {t['skipped']}" if t["skipped"] else "")
                              + (" truncated" if t["truncated"] else ""))
+        if self.mirrors:
+            lines.append("mirrors:")
+            width = max(len(t) for t in self.mirrors)
+            for table, (path, rows) in sorted(self.mirrors.items()):
+                lines.append(f"  {table:<{width}}  {rows:>9} rows  {path}")
         return "\n".join(lines)
 
 
@@ -432,4 +438,11 @@ def status(spark: SparkSession, target: str, pipeline: str = "default") -> Statu
         rows = spark.read.format("delta").load(ledger.runs_path).where(
             F.col("pipeline") == pipeline).orderBy("hi_seq").collect()
         runs = [r.asDict(recursive=True) for r in rows]
-    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo)
+    mirrors: dict[str, tuple[str, int]] = {}
+    for run in runs:
+        for t in run["tables"] or []:
+            mirrors[t["table"]] = (t["path"], 0)
+    for table, (path, _) in mirrors.items():
+        if _is_delta(spark, path):
+            mirrors[table] = (path, spark.read.format("delta").load(path).count())
+    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors)

@@ -87,3 +87,33 @@ def test_config_errors_name_file_and_key(tmp_path):
     conf.write_text("changes:\n  skip_origins: [upstream, other]\n")
     assert load_config(conf).changes.skip_origins == ("upstream", "other")
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"
+
+
+@pytest.mark.usefixtures("restore_spark_conf")
+def test_apply_then_nothing_new_then_status(capsys, tmp_path):
+    import pyarrow.parquet as pq
+
+    from pgoutput_spark import decode_message
+    from pgoutput_spark.lsn import Lsn
+
+    target = str(tmp_path / "mirrors")
+    assert main(["apply", "--config", str(ROOT / "conf" / "local.yaml"), "--target", target]) == 0
+    out = capsys.readouterr().out
+    assert "capture slice: after the start up to seq 1808" in out
+    for table in ("shop.customers", "shop.orders", "shop.products"):
+        assert f"\n{table} " in out
+    assert main(["apply", "--target", target]) == 0
+    assert "nothing new after seq 1808: no Delta commit" in capsys.readouterr().out
+    assert main(["status", "--target", target]) == 0
+    out = capsys.readouterr().out
+    # The read point is the capture's last commit, read from the raw bytes.
+    raw = [m for f in sorted(SAMPLE.glob("*.parquet"))
+           for m in pq.read_table(f, columns=["data"]).column("data").to_pylist()]
+    last_commit = max(decode_message(m).commit_lsn for m in raw if m[:1] == b"C")
+    assert f"consistent read point: {Lsn(last_commit)}" in out
+    assert "runs: 1" in out and "mirrors:" in out and "shop.orders" in out
+
+
+def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, restore_spark_conf):
+    assert main(["status", "--target", str(tmp_path / "none")]) == 0
+    assert "consistent read point: nothing applied yet" in capsys.readouterr().out

@@ -39,6 +39,7 @@ from .capture import CaptureColumns, _is_delta
 from .errors import PgoutputSparkError
 from .lsn import Lsn
 from .mirror.delta import (
+    DEFAULT_TABLE_PATH,
     SchemaPlan,
     applied_commit,
     apply_schema,
@@ -218,8 +219,11 @@ def _sql(value: Any) -> str:
 def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               columns: CaptureColumns | None = None, pipeline: str = "default",
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
-              parallelism: int = 4) -> ApplyResult:
-    """Apply the next slice of ``capture`` to the mirror tables under ``target``."""
+              parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH) -> ApplyResult:
+    """Apply the next slice of ``capture`` to the mirror tables under ``target``.
+
+    ``table_path`` places each mirror (default ``{root}/{schema}/{table}``).
+    """
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
@@ -242,13 +246,15 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     decoded = decode(window, on_error=on_error,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
     try:
-        return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone)
+        return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
+                    table_path)
     finally:
         decoded.unpersist()
 
 
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
-         skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool) -> ApplyResult:
+         skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
+         table_path: str) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = ledger.history()
@@ -269,7 +275,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
         # Every schema decision before anything is written.
-        plans = {oid: _plan(spark, ledger.root, history, oid) for oid in relations}
+        plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
         if new_meta:
             _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
@@ -284,14 +290,15 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             def mirror(oids: list[int]) -> list[TableResult]:
                 session = _child_session(spark)
                 return [_mirror_table(session, ledger, committed, history, oid, plans[oid], to_lsn,
-                                      metadata) for oid in oids]
+                                      metadata, redone) for oid in oids]
 
             with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
                 for done in pool.map(mirror, by_path.values()):
                     results.extend(done)
-        open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-        _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
         n_open = assembled.open_rows.count()
+        if n_open:  # the next run reads them back by this run's hi
+            open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
+            _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
     finally:
         committed.unpersist()
         assembled.release()
@@ -319,20 +326,23 @@ def _child_session(spark: SparkSession) -> SparkSession:
     return child
 
 
-def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int) -> SchemaPlan:
+def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
+          table_path: str) -> SchemaPlan:
     first = history.relations[oid][0]  # a renamed table keeps the mirror it started with
     latest = history.latest(oid)
-    return plan_schema(spark, mirror_path(root, first.namespace, first.name),
+    return plan_schema(spark, mirror_path(root, first.namespace, first.name, table_path),
                        f"{latest.namespace}.{latest.name}", history.table_columns(oid))  # type: ignore[arg-type]
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, to_lsn: int, metadata: dict[str, Any]) -> TableResult:
+                  oid: int, plan: SchemaPlan, to_lsn: int, metadata: dict[str, Any],
+                  redone: bool) -> TableResult:
     latest = history.latest(oid)
     name = f"{latest.namespace}.{latest.name}"
     app_id = f"{ledger.pipeline}:relation:{oid}"
-    done = applied_commit(session, plan.path, app_id, to_lsn)
-    if done is not None:  # a redone run: this table's merge already committed
+    # Only a redone slice can find its merge committed (a fresh slice has a new commit LSN).
+    done = applied_commit(session, plan.path, app_id, to_lsn) if redone else None
+    if done is not None:  # this table's merge committed before the run was interrupted
         return TableResult(name, plan.path, oid, **done, status="already applied")
     apply_schema(session, plan)
     spec = table_spec(latest, [c for c, _ in plan.columns])

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--format", choices=["auto", "parquet", "delta"])
     apply.add_argument("--on-error", choices=["fail", "quarantine"])
     apply.add_argument("--quarantine", help=argparse.SUPPRESS)
-    apply.add_argument("--parallelism", type=int, help="tables merged at once (default 4)")
+    apply.add_argument("--parallelism", type=int, help="tables merged at once (default: apply.parallelism)")
     apply.add_argument("--master", help="Spark master (default from the configuration)")
     status = sub.add_parser("status", help="print a target's runs and its consistent read point")
     status.add_argument("--config", help="configuration file (default: built-in defaults)")
@@ -97,7 +97,9 @@ def run_apply_command(config: Config, target: str, parallelism: int | None = Non
     spark, capture, columns = _capture(config)
     result = run_apply(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
                        on_error=config.decode.on_error,  # type: ignore[arg-type]
-                       skip_origins=config.changes.skip_origins, parallelism=parallelism or 4)
+                       skip_origins=config.changes.skip_origins,
+                       parallelism=parallelism or config.apply.parallelism,
+                       table_path=config.apply.table_path)
     return result.render()
 
 

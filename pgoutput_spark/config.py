@@ -48,6 +48,26 @@ class ChangesConfig:
     skip_origins: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ApplyConfig:
+    #: Tables merged at once.
+    parallelism: int = 4
+    #: Where each mirror lives: ``{root}`` is the target, ``{schema}`` and ``{table}`` the
+    #: source names as path segments (see the README on which characters are encoded).
+    table_path: str = "{root}/{schema}/{table}"
+
+    def check(self, source: str) -> None:
+        if self.parallelism < 1:
+            raise ConfigError(f"{source}: apply.parallelism must be at least 1, got {self.parallelism}")
+        try:
+            rendered = self.table_path.format(root="R", schema="S", table="T")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"{source}: apply.table_path {self.table_path!r} is not a valid template "
+                              f"(fields: {{root}}, {{schema}}, {{table}}): {exc!r}") from exc
+        if "T" not in rendered or "{table}" not in self.table_path:
+            raise ConfigError(f"{source}: apply.table_path {self.table_path!r} must contain {{table}}")
+
+
 LOCAL_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
@@ -67,6 +87,7 @@ class Config:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     changes: ChangesConfig = field(default_factory=ChangesConfig)
+    apply: ApplyConfig = field(default_factory=ApplyConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
 
 
@@ -97,6 +118,8 @@ def _build(cls: type, data: Any, path: str, source: str) -> Any:
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key_path} must be a mapping")
             values[key] = {str(k): str(v) for k, v in value.items()}
+        elif int in origins and isinstance(value, int) and not isinstance(value, bool):
+            values[key] = value
         elif str in origins and isinstance(value, str):
             choices = getattr(cls, "_choices", {}).get(key)
             if choices and value not in choices:
@@ -121,4 +144,6 @@ def load_config(path: str | Path | None) -> Config:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    return _build(Config, data, "", source)
+    config: Config = _build(Config, data, "", source)
+    config.apply.check(source)
+    return config

@@ -87,6 +87,14 @@ def test_config_errors_name_file_and_key(tmp_path):
     conf.write_text("changes:\n  skip_origins: [upstream, other]\n")
     assert load_config(conf).changes.skip_origins == ("upstream", "other")
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"
+    conf.write_text("apply:\n  parallelism: two\n")
+    with pytest.raises(ConfigError, match=r"apply.parallelism must be int, got 'two'"):
+        load_config(conf)
+    conf.write_text("apply:\n  table_path: '{root}/{scheme}/{table}'\n")
+    with pytest.raises(ConfigError, match=r"apply.table_path .* is not a valid template"):
+        load_config(conf)
+    conf.write_text("apply:\n  parallelism: 2\n  table_path: '{root}/mirrors/{schema}.{table}'\n")
+    assert load_config(conf).apply.parallelism == 2
 
 
 @pytest.mark.usefixtures("restore_spark_conf")

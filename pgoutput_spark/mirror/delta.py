@@ -53,9 +53,12 @@ def _segment(name: str) -> str:
     return out or "%00"
 
 
-def mirror_path(root: str, namespace: str, name: str) -> str:
-    """Where the mirror of ``namespace.name`` lives under ``root``."""
-    return f"{root.rstrip('/')}/{_segment(namespace)}/{_segment(name)}"
+DEFAULT_TABLE_PATH = "{root}/{schema}/{table}"
+
+
+def mirror_path(root: str, namespace: str, name: str, template: str = DEFAULT_TABLE_PATH) -> str:
+    """Where the mirror of ``namespace.name`` lives (``template``: see `ApplyConfig.table_path`)."""
+    return template.format(root=root.rstrip("/"), schema=_segment(namespace), table=_segment(name))
 
 
 def quote(name: str) -> str:

@@ -46,6 +46,7 @@ from .mirror.delta import (
     merge,
     mirror_path,
     net_frame,
+    quote,
     plan_schema,
     pre_image,
     table_spec,
@@ -357,7 +358,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
             if n_skipped:
-                data = [F.col(f"`{c}`") for c in spec.columns]
+                data = [F.col(quote(c)) for c in spec.columns]
                 skipped = net.where(F.col("_action") == "skipped").select(
                     F.lit(name).alias("table"), F.lit(oid).cast("long").alias("relation_id"),
                     F.col("_seq").alias("seq"), F.col("_op").alias("op"), F.col("_reason").alias("reason"),

@@ -121,7 +121,7 @@ def plan_schema(spark: SparkSession, path: str, table: str,
     """
     from ..capture import _is_delta
 
-    wanted = from_arrow_schema(pa.schema(columns))
+    wanted = from_arrow_schema(pa.schema(columns), prefer_timestamp_ntz=True)
     if not _is_delta(spark, path):
         return SchemaPlan(path, False, columns, list(wanted.fields), [])
     existing = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
@@ -218,11 +218,18 @@ def net_frame(typed: DataFrame, pre: DataFrame, spec: TableSpec, arrow_schema: p
     result_schema = out_schema(arrow_schema)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=arrow_schema)
+        table = pa.Table.from_batches(list(batches), schema=_positional(arrow_schema))
+        table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
         yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
 
-    rows = typed.unionByName(pre).repartition(1)
-    return rows.mapInArrow(run, from_arrow_schema(result_schema))
+    # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
+    # hand it positional names and give the batches their real names back inside.
+    rows = typed.unionByName(pre).repartition(1).toDF(*_positional(arrow_schema).names)
+    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+
+
+def _positional(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_name(f"c{i}") for i, f in enumerate(schema)])
 
 
 # -- merge ------------------------------------------------------------------------------------------

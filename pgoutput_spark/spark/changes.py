@@ -41,7 +41,9 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
         for batch in batches:
             yield typed_changes(batch, relation_id, relations, schema)
 
-    return relation_rows(committed, relation_id).mapInArrow(convert, from_arrow_schema(schema))
+    # Arrow timestamps without a zone are PostgreSQL `timestamp`: Spark's TIMESTAMP_NTZ.
+    return relation_rows(committed, relation_id).mapInArrow(
+        convert, from_arrow_schema(schema, prefer_timestamp_ntz=True))
 
 
 def history_of(decoded: DataFrame) -> RelationHistory:

@@ -1,0 +1,404 @@
+"""The apply job end to end, with PostgreSQL as the oracle.
+
+`apply_workload` runs a workload built to break the apply (types, TOAST, key
+changes, identities, streaming, two-phase, truncates, schema changes, row
+filters, column lists, partitions, odd names, pgbench) and snapshots the
+published tables after every commit. Each capture is landed file by file,
+cut inside transactions and stream blocks, with `run_apply` after each file;
+after every run every mirror must equal, as a multiset of rows and value by
+value, PostgreSQL's snapshot for the last transaction the run applied (the
+commit at ``ApplyResult.to_lsn``, its xid read from the capture's Begin /
+Stream Commit / Commit Prepared message). Expected values only ever come from
+PostgreSQL: psycopg values mapped to the documented Spark forms, or
+PostgreSQL's own text output where the Spark form is that text (see
+`apply_workload.column_sql`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import AnalysisException
+from pyspark.sql import types as T
+
+from pgoutput_spark import decode_message, read_capture
+from pgoutput_spark.apply import ApplyResult, run_apply, status
+from pgoutput_spark.mirror.delta import mirror_path
+from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
+from pgoutput_spark.testing.pgcluster import PgCluster
+
+from ..plugins.postgres import new_database
+from .apply_workload import PUBLICATIONS, Driver, Dropped, TableSnap, Workload, drive, setup
+
+pytestmark = [pytest.mark.spark, pytest.mark.postgres]
+
+Tables = dict[tuple[str, str], TableSnap]
+
+# -- captures ---------------------------------------------------------------------------------------
+
+
+def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]]) -> Iterator[
+        tuple[Workload, dict[int, list[CapturedMessage]]]]:
+    db = new_database(pg, prefix)
+    setup(pg, db)
+    slots = {p: f"{db}_p{p}" for p in protocols}
+    for p, options in protocols.items():
+        pg.create_slot(slots[p], two_phase=bool(options.get("two_phase")), dbname=db)
+    workload = drive(pg, db)
+    captures = {p: pg.peek_pgoutput(slots[p], publications=PUBLICATIONS, proto_version=p, dbname=db, **options)
+                for p, options in protocols.items()}
+    for slot in slots.values():
+        pg.drop_slot(slot, dbname=db)
+    yield workload, captures
+
+
+@pytest.fixture(scope="module")
+def pg15_captures(pg15: PgCluster) -> Iterator[tuple[Workload, dict[int, list[CapturedMessage]]]]:
+    """Protocols 1 (nothing streamed, prepared transactions sent at COMMIT PREPARED),
+    2 (streamed) and 3 (streamed, two-phase) of one PostgreSQL 15 workload."""
+    yield from _capture(pg15, "apply15", {
+        1: {},
+        2: {"streaming": "on", "messages": True},
+        3: {"streaming": "on", "two_phase": True, "messages": True},
+    })
+
+
+@pytest.fixture(scope="module")
+def pg16_capture(pg16: PgCluster) -> Iterator[tuple[Workload, dict[int, list[CapturedMessage]]]]:
+    """Protocol 4 with parallel streaming and two-phase, on PostgreSQL 16."""
+    yield from _capture(pg16, "apply16", {4: {"streaming": "parallel", "two_phase": True, "messages": True}})
+
+
+class CaptureIndex:
+    """Commit LSN -> xid, from the capture's own commit messages; where stream blocks are."""
+
+    def __init__(self, messages: list[CapturedMessage]) -> None:
+        self.xid_at: dict[int, int] = {}
+        self.in_stream: list[bool] = []
+        inside = False
+        for m in messages:
+            kind = m.data[:1]
+            if kind == b"S":
+                inside = True
+            elif kind == b"E":
+                inside = False
+            self.in_stream.append(inside)
+            if kind == b"B":  # Begin's final_lsn is its Commit's commit_lsn
+                begin = decode_message(m.data)
+                self.xid_at[int(begin.final_lsn)] = begin.xid  # type: ignore[attr-defined]
+            elif kind in (b"c", b"K"):  # Stream Commit, Commit Prepared
+                commit = decode_message(m.data)
+                self.xid_at[int(commit.commit_lsn)] = commit.xid  # type: ignore[attr-defined]
+        self.commit_lsns = sorted(self.xid_at)
+
+
+def _expected_at(workload: Workload, index: CaptureIndex, to_lsn: int | None) -> tuple[Tables, str]:
+    """PostgreSQL's tables after the commit at ``to_lsn`` (nothing committed yet: all empty)."""
+    if to_lsn is None:
+        return {}, "before any commit"
+    xid = index.xid_at[to_lsn]
+    if xid in workload.snapshots:
+        return workload.snapshots[xid], f"xid {xid}"
+    for segment in workload.segments:
+        if segment.start_lsn < to_lsn <= segment.end_lsn:
+            later = [lsn for lsn in index.commit_lsns if to_lsn < lsn <= segment.end_lsn]
+            assert not later, f"the run ended inside pgbench traffic (xid {xid}): no snapshot to compare"
+            return segment.tables, f"end of pgbench segment (xid {xid})"
+    raise AssertionError(f"no snapshot for xid {xid} committed at {to_lsn}")
+
+
+# -- mirrors against PostgreSQL -----------------------------------------------------------------------
+
+
+def _canon(value: Any) -> Any:
+    """A hashable, type-strict form: 1, 1.0, True and Decimal(1) stay different."""
+    if value is None:
+        return None
+    if isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(_canon(v) for v in value))
+    if isinstance(value, dict):
+        return ("struct", tuple(sorted((k, _canon(v)) for k, v in value.items())))
+    if isinstance(value, float) and math.isnan(value):
+        return ("float", "NaN")
+    return (type(value).__name__, value)
+
+
+def _short(row: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(r if len(r := repr(v)) <= 60 else f"{r[:40]}...<{len(r)} chars>" for v in row) + ")"
+
+
+class Mirrors:
+    """Reads the mirrors under a target, re-reading a mirror only when it has a new Delta version."""
+
+    def __init__(self, spark: Any, target: str, workload: Workload) -> None:
+        self.spark, self.target, self.workload = spark, target, workload
+        self._cache: dict[str, tuple[int, list[str], list[tuple[Any, ...]]]] = {}
+
+    def paths(self) -> set[str]:
+        found = set()
+        for schema_dir in Path(self.target).iterdir():
+            if schema_dir.name in ("_pgoutput", "_runs") or not schema_dir.is_dir():
+                continue
+            found |= {str(t) for t in schema_dir.iterdir() if (t / "_delta_log").is_dir()}
+        return found
+
+    def read(self, path: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        version = max(int(f.stem) for f in Path(path, "_delta_log").glob("*.json"))
+        cached = self._cache.get(path)
+        if cached is None or cached[0] != version:
+            table = self.spark.read.format("delta").load(path).toArrow()
+            rows = list(zip(*(c.to_pylist() for c in table.columns))) if table.num_columns else []
+            cached = (version, table.column_names, rows)
+            self._cache[path] = cached
+        return cached[1], cached[2]
+
+    def schema(self, schema: str, name: str) -> T.StructType:
+        return self.spark.read.format("delta").load(mirror_path(self.target, schema, name)).schema
+
+    def assert_equal(self, expected: Tables, what: str) -> None:
+        known = {mirror_path(self.target, s, n): (s, n) for s, n in self.workload.tables()}
+        present = self.paths()
+        problems = [f"a mirror no published table maps to: {p}" for p in sorted(present - known.keys())]
+        for path, table in sorted(known.items(), key=lambda kv: kv[1]):
+            snap = expected.get(table)
+            if path not in present:
+                if snap is not None and snap.rows:
+                    problems.append(f"{table}: no mirror, PostgreSQL has {len(snap.rows)} rows")
+                continue
+            columns, rows = self.read(path)
+            problems += _compare(table, columns, rows, snap, self.workload.dropped.get(table, []))
+        assert not problems, f"mirrors differ from PostgreSQL at {what}:\n" + "\n".join(problems)
+
+
+def _dropped_value(drop: Dropped, snap: TableSnap, row: tuple[Any, ...], xmin: int) -> Any:
+    """A dropped column keeps its value in the mirror unless the row changed after the drop."""
+    if xmin > drop.xid:
+        return None
+    key = tuple(row[snap.columns.index(k)] for k in drop.key)
+    return drop.before.get(key)
+
+
+def _compare(table: tuple[str, str], columns: list[str], rows: list[tuple[Any, ...]],
+             snap: TableSnap | None, dropped: list[Dropped]) -> list[str]:
+    snap = snap or TableSnap((), (), (), ())
+    drops = [d for d in dropped if d.column not in snap.columns]
+    expected_columns = [*snap.columns, *(d.column for d in drops)]
+    expected_rows = [(*row, *(_dropped_value(d, snap, row, xmin) for d in drops))
+                     for row, xmin in zip(snap.rows, snap.xmins)]
+    problems = [f"{table}: mirror column {c!r} is neither published nor dropped"
+                for c in columns if c not in expected_columns]
+    for j, c in enumerate(expected_columns):
+        if c not in columns and any(r[j] is not None for r in expected_rows):
+            problems.append(f"{table}: mirror lacks column {c!r}, which PostgreSQL has values in")
+    if problems:
+        return problems
+    order = [expected_columns.index(c) for c in columns]
+    want = Counter(tuple(_canon(r[i]) for i in order) for r in expected_rows)
+    got = Counter(tuple(_canon(v) for v in r) for r in rows)
+    if want == got:
+        return []
+    raw = {tuple(_canon(v) for v in r): r for r in rows}
+    raw.update({tuple(_canon(r[i]) for i in order): tuple(r[i] for i in order) for r in expected_rows})
+    missing, extra = want - got, got - want
+    lines = [f"{table}: {len(rows)} rows, PostgreSQL {len(expected_rows)}; columns {columns}"]
+    lines += [f"    missing x{n}: {_short(raw[k])}" for k, n in list(missing.items())[:6]]
+    lines += [f"    extra   x{n}: {_short(raw[k])}" for k, n in list(extra.items())[:6]]
+    return lines
+
+
+# -- landing and running ----------------------------------------------------------------------------
+
+
+def _land(messages: list[CapturedMessage], tmp: Path, landing: Path, k: int) -> None:
+    for path in write_capture_parquet(messages, tmp / f"chunk{k:02d}"):
+        landing.mkdir(exist_ok=True)
+        path.rename(landing / f"{k:02d}-{path.name}")  # files land one by one
+
+
+def _history(spark: Any, path: str) -> int:
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}`").count()
+
+
+def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,
+                       cuts: list[int], run_after: set[int]) -> tuple[Mirrors, list[ApplyResult]]:
+    """Land ``messages`` in files cut at ``cuts``; run after the files in ``run_after``; compare."""
+    landing, target = tmp_path / "landing", str(tmp_path / "target")
+    index, mirrors = CaptureIndex(messages), Mirrors(spark, target, workload)
+    results: list[ApplyResult] = []
+    previous_hi, previous_lsn = None, None
+    bounds = [0, *cuts, len(messages)]
+    for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        _land(messages[lo:hi], tmp_path, landing, k)
+        if k not in run_after and hi != len(messages):
+            continue
+        result = run_apply(spark, read_capture(spark, str(landing)), target)
+        print(f"run {len(results) + 1} (capture up to seq {messages[hi - 1].seq}):\n{result.render()}")
+        assert not result.skipped and result.lo == previous_hi and result.hi == messages[hi - 1].seq
+        assert result.from_lsn is None or previous_lsn is None or result.from_lsn > previous_lsn
+        applied = result.to_lsn if result.to_lsn is not None else previous_lsn
+        assert {t.path for t in result.tables} <= {mirror_path(target, s, n) for s, n in workload.tables()}
+        state = status(spark, target)
+        assert (state.read_point, state.position, state.running) == (applied, result.hi, False)
+        expected, what = _expected_at(workload, index, applied)
+        mirrors.assert_equal(expected, f"run {len(results) + 1}, after {what}")
+        previous_hi, previous_lsn = result.hi, applied
+        results.append(result)
+
+    # Nothing new: no Delta commit anywhere.
+    paths = sorted(mirrors.paths()) + [f"{target}/_runs"]
+    before = {p: _history(spark, p) for p in paths}
+    again = run_apply(spark, read_capture(spark, str(landing)), target)
+    assert again.skipped and again.lo == messages[-1].seq
+    assert {p: _history(spark, p) for p in paths} == before
+    return mirrors, results
+
+
+def _cuts(messages: list[CapturedMessage], workload: Workload) -> dict[str, int]:
+    """Named cut positions (a file ends just before each):
+
+    - "toasty key swap": after the middle update of a key swap of TOASTed rows (a plain
+      transaction; 'u' values on both sides of the cut);
+    - "interleaved": inside two streamed transactions open at once;
+    - "p1 prepared": after the Prepare of a two-phase transaction, before its Commit Prepared;
+    - "p3 stream": inside the stream of a streamed two-phase transaction;
+    - "pgbench load": inside pgbench's load, a streamed transaction of 100,000 inserts.
+    """
+    labels, load = workload.labels, workload.segments[0]
+
+    def middle(picked: list[int]) -> int:
+        assert picked
+        return picked[len(picked) // 2] + 1
+
+    def of(label: str, kinds: bytes) -> list[int]:
+        return [i for i, m in enumerate(messages) if m.xid == labels[label] and m.data[:1] in kinds]
+
+    cuts = {
+        "toasty key swap": middle(of("toasty key swap", b"U")),
+        "interleaved": middle(of("interleaved", b"IUD")),
+        "p3 stream": middle(of("prepared p3", b"IUD")),
+        "pgbench load": middle([i for i, m in enumerate(messages)
+                                if load.start_lsn < m.lsn <= load.end_lsn and m.data[:1] == b"I"]),
+    }
+    prepares = of("prepared p1", b"P")  # only protocol 3 and later send Prepare
+    if prepares:
+        cuts["p1 prepared"] = prepares[0] + 1
+    return cuts
+
+
+def _check_types(mirrors: Mirrors) -> None:
+    """The mirror column types docs/types.md gives for the source types."""
+    interval = T.StructType([T.StructField("months", T.IntegerType()), T.StructField("days", T.IntegerType()),
+                             T.StructField("microseconds", T.LongType())])
+    want = {
+        "id": T.IntegerType(), "i2": T.ShortType(), "i4": T.IntegerType(), "i8": T.LongType(),
+        "n_plain": T.StringType(), "n_typed": T.DecimalType(12, 3), "n_wide": T.StringType(), "f4": T.FloatType(), "f8": T.DoubleType(),
+        "t": T.StringType(), "vc": T.StringType(), "ch": T.StringType(), "b": T.BinaryType(),
+        "flag": T.BooleanType(), "d": T.DateType(), "tm": T.StringType(), "ts": T.TimestampNTZType(),
+        "tstz": T.TimestampType(), "iv": interval, "u": T.StringType(), "jb": T.StringType(),
+        "js": T.StringType(), "ia": T.ArrayType(T.IntegerType()), "ta": T.ArrayType(T.StringType()),
+        "fa": T.ArrayType(T.DoubleType()), "ip": T.StringType(), "net": T.StringType(), "mac": T.StringType(),
+        "m": T.StringType(), "pi": T.IntegerType(), "bits": T.StringType(),
+    }
+    got = {f.name: f.dataType for f in mirrors.schema("public", "types_t").fields}
+    assert {c: _plain_type(t) for c, t in got.items()} == {c: _plain_type(t) for c, t in want.items()}
+    evolved = {f.name: f.dataType for f in mirrors.schema("public", "evolve_type").fields}
+    assert evolved == {"id": T.IntegerType(), "n": T.LongType(), "s": T.StringType(),
+                       "amount": T.DecimalType(14, 4)}
+
+
+def _plain_type(t: T.DataType) -> str:
+    return t.simpleString()  # nullability aside
+
+
+# -- tests --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_pg15_whole_capture_in_one_run(spark, pg15_captures, tmp_path, protocol):
+    """Landed in several files, applied in one run."""
+    workload, captures = pg15_captures
+    messages = captures[protocol]
+    cuts = sorted(_cuts(messages, workload).values())
+    mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, cuts, run_after=set())
+    assert len(results) == 1
+    _check_types(mirrors)
+
+
+def _file_by_file(spark, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,
+                  names: list[str], in_stream: set[str]) -> None:
+    cuts = _cuts(messages, workload)
+    index = CaptureIndex(messages)
+    assert {n for n in names if index.in_stream[cuts[n] - 1]} == in_stream
+    ordered = sorted(cuts[n] for n in names)
+    mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, ordered,
+                                          run_after=set(range(len(ordered) + 1)))
+    assert len(results) == len(names) + 1
+    _check_types(mirrors)
+
+
+def test_pg15_protocol_3_file_by_file(spark, pg15_captures, tmp_path):
+    workload, captures = pg15_captures
+    names = ["toasty key swap", "interleaved", "p1 prepared"]
+    _file_by_file(spark, captures[3], workload, tmp_path, names, in_stream={"interleaved"})
+
+
+def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path):
+    workload, captures = pg16_capture
+    messages = captures[4]
+    assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)  # Stream Abort with abort_lsn
+    names = ["interleaved", "p3 stream", "pgbench load"]
+    _file_by_file(spark, messages, workload, tmp_path, names, in_stream=set(names))
+
+
+def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...]) -> Mirrors:
+    """A one-table workload in a database of its own, protocol 1, one run, compared with PostgreSQL."""
+    db = new_database(pg, "apply_case")
+    pg.execute(f"{create}; CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
+    slot = f"{db}_p1"
+    pg.create_slot(slot, dbname=db)
+    d = Driver(pg, db)
+    try:
+        for statements in steps:
+            d.txn(*statements)
+    finally:
+        d.close()
+    messages = pg.peek_pgoutput(slot, publications=["pub_main"], proto_version=1, dbname=db)
+    pg.drop_slot(slot, dbname=db)
+    mirrors, _ = _apply_and_compare(spark, messages, d.workload, tmp_path, [], run_after=set())
+    return mirrors
+
+
+def test_timestamp_without_time_zone(spark, pg15, tmp_path):
+    """A small case of its own: a table whose type or names once broke every run touching it."""
+    mirrors = _small_case(
+        spark, pg15, tmp_path, "CREATE TABLE stamps (id int PRIMARY KEY, ts timestamp, tss timestamp[])",
+        ("INSERT INTO stamps VALUES (1, '2024-02-29 23:59:59.999999', '{\"1900-06-15 12:00\",NULL}'),"
+         " (2, '2038-01-19 03:14:07', NULL), (3, NULL, '{}')",),
+        ("UPDATE stamps SET ts = ts + interval '1 microsecond' WHERE id = 1", "DELETE FROM stamps WHERE id = 3"))
+    assert mirrors.schema("public", "stamps")["ts"].dataType == T.TimestampNTZType()
+
+
+def test_column_name_with_a_dot(spark, pg15, tmp_path):
+    """A small case of its own: a table whose type or names once broke every run touching it."""
+    _small_case(spark, pg15, tmp_path, 'CREATE TABLE dotted (id int PRIMARY KEY, "a.b" int, "x.y.z" text)',
+                ("INSERT INTO dotted VALUES (1, 1, 'one'), (2, NULL, 'two')",),
+                ('UPDATE dotted SET "a.b" = 5 WHERE id = 2', "DELETE FROM dotted WHERE id = 1"))
+
+
+@pytest.mark.xfail(strict=True, raises=AnalysisException, reason=(
+    "apply bug: source columns whose names differ only in case (legal in PostgreSQL) fail the run with "
+    "COLUMN_ALREADY_EXISTS when apply_schema (mirror/delta.py) creates the mirror: Spark resolves "
+    "names case-insensitively (spark.sql.caseSensitive=false)"))
+def test_column_names_differing_only_in_case(spark, pg15, tmp_path):
+    """PostgreSQL keeps "Id" and "id" apart; Spark resolves names case-insensitively by default."""
+    _small_case(spark, pg15, tmp_path, 'CREATE TABLE cased (id int PRIMARY KEY, "Id" text, "ID" int)',
+                ("INSERT INTO cased VALUES (1, 'one', 10), (2, 'two', 20)",),
+                ('UPDATE cased SET "Id" = \'uno\', "ID" = 11 WHERE id = 1', "DELETE FROM cased WHERE id = 2"))
+

@@ -196,3 +196,18 @@ def test_a_type_change_delta_cannot_follow_fails_before_anything_is_written(spar
                   table_path=layout)
     assert _commits(spark, path) == before
     assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [(1, 10)]
+
+
+def test_timestamp_columns_and_names_with_dots_and_backticks(spark, tmp_path):
+    root = str(tmp_path / "target")
+    rel = b.relation(5, "public", "d", "d", [(1, "id", INT4, -1), (0, "a.b", INT4, -1), (0, "ts", 1114, -1),
+                                             (0, "we`ird", TEXT, -1)])
+    msgs = _txn(1, 1000, rel, b.insert(5, _t(1, 7, "2024-02-29 23:59:59.999999", "x")),
+                b.insert(5, _t(2, None, None, "y")), b.update(5, _t(2, 3, "2000-01-01 00:00:00", ...)))
+    run_apply(spark, _frame(spark, msgs), root)
+    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "d"))
+    assert frame.schema["ts"].dataType == T.TimestampNTZType()  # PostgreSQL `timestamp`
+    import datetime as dt
+
+    assert sorted(tuple(r) for r in frame.collect()) == [
+        (1, 7, dt.datetime(2024, 2, 29, 23, 59, 59, 999999), "x"), (2, 3, dt.datetime(2000, 1, 1), "y")]

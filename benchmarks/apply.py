@@ -369,11 +369,14 @@ _MERGE_METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdate
                   "numTargetDeletionVectorsAdded", "executionTimeMs", "scanTimeMs", "rewriteTimeMs")
 
 
-def spark_session(driver_memory: str) -> Any:
+def spark_session(driver_memory: str, local_dir: Path) -> Any:
     from pgoutput_spark.spark.session import build_spark_session
 
+    # Shuffle and spill files beside the data, not in /tmp (where other jobs clean up).
+    local_dir.mkdir(parents=True, exist_ok=True)
     return build_spark_session(app_name="pgoutput-spark-apply-bench", master="local[2]",
-                               conf={**SPARK_CONF, "spark.driver.memory": driver_memory})
+                               conf={**SPARK_CONF, "spark.driver.memory": driver_memory,
+                                     "spark.local.dir": str(local_dir)})
 
 
 def jvm_pid(spark: Any) -> int:
@@ -765,7 +768,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     path, args.reuse, lambda p, r=rows, k=recent: build_merge(p, r, args.merge_changes, k),
                     f"{rows:,}-row table, {args.merge_changes:,} changes of {'recent' if recent else 'random'} keys"))
 
-    spark = spark_session(args.driver_memory)
+    spark = spark_session(args.driver_memory, out / "spark-local")
     try:
         if e2e_info is not None:
             header(f"[a] end to end: {e2e_info['changes']:,} changes ({e2e_info['messages']:,} messages) "

@@ -246,10 +246,15 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         window = window.where(F.col("seq") > lo)
     decoded = decode(window, on_error=on_error,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
+    # Source column names may differ only in case ("id", "Id"): resolve names exactly while
+    # this run builds and merges its frames (the child sessions copy the setting).
+    case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false")
+    spark.conf.set("spark.sql.caseSensitive", "true")
     try:
         return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
                     table_path)
     finally:
+        spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         decoded.unpersist()
 
 

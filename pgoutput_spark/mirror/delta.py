@@ -123,8 +123,10 @@ def plan_schema(spark: SparkSession, path: str, table: str,
 
     wanted = from_arrow_schema(pa.schema(columns), prefer_timestamp_ntz=True)
     if not _is_delta(spark, path):
+        _check_case_collisions(table, path, [name for name, _ in columns])
         return SchemaPlan(path, False, columns, list(wanted.fields), [])
     existing = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    _check_case_collisions(table, path, [*existing, *(n for n, _ in columns if n not in existing)])
     add, widen, out = [], [], []
     for (name, arrow), field in zip(columns, wanted.fields):
         have = existing.get(name)
@@ -142,6 +144,18 @@ def plan_schema(spark: SparkSession, path: str, table: str,
                     f"to; nothing was written. Re-snapshot the table into a new mirror")
         out.append((name, arrow))
     return SchemaPlan(path, True, out, add, widen)
+
+
+def _check_case_collisions(table: str, path: str, names: list[str]) -> None:
+    """Delta keeps column names case-insensitively unique; PostgreSQL does not ("id" and "Id")."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise SchemaChangeError(
+                f"{table}: columns {other!r} and {name!r} differ only in case, which a Delta table "
+                f"cannot hold (Delta column names are case-insensitive); nothing was written to {path}. "
+                f"Leave one out of the publication with a column list, or rename it in the source")
 
 
 def _arrow_of(data_type: T.DataType) -> pa.DataType:

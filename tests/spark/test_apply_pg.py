@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
-from pgoutput_spark.mirror.delta import mirror_path
+from pgoutput_spark.mirror.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster
 
@@ -357,10 +356,11 @@ def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path):
     _file_by_file(spark, messages, workload, tmp_path, names, in_stream=set(names))
 
 
-def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...]) -> Mirrors:
+def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...],
+                publish: str = "ALL TABLES") -> Mirrors:
     """A one-table workload in a database of its own, protocol 1, one run, compared with PostgreSQL."""
     db = new_database(pg, "apply_case")
-    pg.execute(f"{create}; CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
+    pg.execute(f"{create}; CREATE PUBLICATION pub_main FOR {publish}", dbname=db)
     slot = f"{db}_p1"
     pg.create_slot(slot, dbname=db)
     d = Driver(pg, db)
@@ -392,13 +392,17 @@ def test_column_name_with_a_dot(spark, pg15, tmp_path):
                 ('UPDATE dotted SET "a.b" = 5 WHERE id = 2', "DELETE FROM dotted WHERE id = 1"))
 
 
-@pytest.mark.xfail(strict=True, raises=AnalysisException, reason=(
-    "apply bug: source columns whose names differ only in case (legal in PostgreSQL) fail the run with "
-    "COLUMN_ALREADY_EXISTS when apply_schema (mirror/delta.py) creates the mirror: Spark resolves "
-    "names case-insensitively (spark.sql.caseSensitive=false)"))
 def test_column_names_differing_only_in_case(spark, pg15, tmp_path):
-    """PostgreSQL keeps "Id" and "id" apart; Spark resolves names case-insensitively by default."""
-    _small_case(spark, pg15, tmp_path, 'CREATE TABLE cased (id int PRIMARY KEY, "Id" text, "ID" int)',
-                ("INSERT INTO cased VALUES (1, 'one', 10), (2, 'two', 20)",),
-                ('UPDATE cased SET "Id" = \'uno\', "ID" = 11 WHERE id = 1', "DELETE FROM cased WHERE id = 2"))
+    """PostgreSQL keeps "Id" and "id" apart; a Delta table cannot: a clear error, nothing written.
 
+    The remedy the error names (a publication column list leaving one out) then works.
+    """
+    create = 'CREATE TABLE cased (id int PRIMARY KEY, "Name" text, "NAME" int)'
+    steps = (("INSERT INTO cased VALUES (1, 'one', 10), (2, 'two', 20)",),
+             ('UPDATE cased SET "Name" = \'uno\', "NAME" = 11 WHERE id = 1', "DELETE FROM cased WHERE id = 2"))
+    with pytest.raises(SchemaChangeError, match=r"public\.cased: columns 'Name' and 'NAME' differ only in case"):
+        _small_case(spark, pg15, tmp_path / "all", create, *steps)
+    assert not (tmp_path / "all" / "target" / "public" / "cased").exists()
+    mirrors = _small_case(spark, pg15, tmp_path / "listed", create, *steps,
+                          publish='TABLE cased (id, "Name")')
+    assert mirrors.schema("public", "cased").fieldNames() == ["id", "Name"]

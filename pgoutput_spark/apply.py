@@ -24,9 +24,12 @@ slice, and Delta skips the merges that already committed.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,7 @@ from .lsn import Lsn
 from .mirror.delta import (
     DEFAULT_TABLE_PATH,
     SchemaPlan,
+    append,
     applied_commit,
     apply_schema,
     merge,
@@ -54,6 +58,19 @@ from .mirror.delta import (
 from .spark.assemble import ScanState, assemble
 from .spark.changes import typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+
+
+_log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _step(what: str) -> Iterator[None]:
+    """Log how long one step of a run took (logger ``pgoutput_spark.apply``, level INFO)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _log.info("%s: %.2f s", what, time.perf_counter() - started)
 
 
 class ConcurrentRunError(PgoutputSparkError):
@@ -228,7 +245,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
-    lease = ledger.lease()
+    with _step("read the lease"):
+        lease = ledger.lease()
     lo = lease.lo
     redone = lease.status == "running"
     if redone:  # the previous run died: redo exactly its slice
@@ -236,11 +254,13 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         hi = lease.hi
     else:
         newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
-        hi = newer.agg(F.max("seq")).first()[0]
+        with _step("find the slice's end"):
+            hi = newer.agg(F.max("seq")).first()[0]
         if hi is None:
             return ApplyResult(lo, None, skipped=True)
     run_id = uuid.uuid4().hex
-    ledger.claim(lease, run_id, hi)
+    with _step("claim the slice"):
+        ledger.claim(lease, run_id, hi)
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
@@ -263,27 +283,35 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          table_path: str) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
-    history = ledger.history()
-    new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
-    history.add(versions_from_rows(new_meta))
-    assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
+    with _step("decode; read relations"):
+        history = ledger.history()
+        new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
+        history.add(versions_from_rows(new_meta))
+    with _step("assemble transactions"):
+        assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
     committed = assembled.committed.persist()
     try:
         touched = committed.select(F.explode(F.when(
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
-            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"))
-        relations = sorted(r[0] for r in touched.distinct().collect())
-        span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
-                             F.countDistinct("commit_seq")).first()
+            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type")
+        with _step("collect the touched tables"):
+            kinds: dict[int, set[str]] = {}
+            for r in touched.distinct().collect():
+                kinds.setdefault(r["relation_id"], set()).add(r["message_type"])
+            relations = sorted(kinds)
+            span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
+                                 F.countDistinct("commit_seq")).first()
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
         for relation_id in relations:
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
         # Every schema decision before anything is written.
-        plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
+        with _step(f"plan {len(relations)} schemas"):
+            plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
         if new_meta:
-            _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
+            with _step("save relations"):
+                _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
         if relations:
             assert to_lsn is not None
@@ -295,27 +323,36 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
 
             def mirror(oids: list[int]) -> list[TableResult]:
                 session = _child_session(spark)
-                return [_mirror_table(session, ledger, committed, history, oid, plans[oid], to_lsn,
-                                      metadata, redone) for oid in oids]
+                out = []
+                for i, oid in enumerate(oids):
+                    # A later relation on the same path finds the mirror as the earlier one left it.
+                    plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path)
+                    out.append(_mirror_table(session, ledger, committed, history, oid, plan, kinds[oid],
+                                             to_lsn, metadata, redone))
+                return out
 
-            with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            with _step(f"merge {len(relations)} tables"), \
+                    ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
                 for done in pool.map(mirror, by_path.values()):
                     results.extend(done)
-        n_open = assembled.open_rows.count()
-        if n_open:  # the next run reads them back by this run's hi
-            open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-            _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
+        with _step("save open transactions"):
+            n_open = assembled.open_rows.count()
+            if n_open:  # the next run reads them back by this run's hi
+                open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
+                _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
     finally:
         committed.unpersist()
         assembled.release()
-    bad = quarantined(decoded)
-    n_bad = bad.count()
-    if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
-        _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
-    n_messages = decoded.count()
+    with _step("count messages and quarantine"):
+        bad = quarantined(decoded)
+        n_bad = bad.count()
+        if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
+            _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
+        n_messages = decoded.count()
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started)
-    _finish(ledger, run_id, result, assembled.end_state, lease, started)
+    with _step("save the run; release the lease"):
+        _finish(ledger, run_id, result, assembled.end_state, lease, started)
     return result
 
 
@@ -341,8 +378,12 @@ def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, to_lsn: int, metadata: dict[str, Any],
+                  oid: int, plan: SchemaPlan, kinds: set[str], to_lsn: int, metadata: dict[str, Any],
                   redone: bool) -> TableResult:
+    """Net change and write of one table: a MERGE, or an append where no mirror row can match.
+
+    ``kinds``: the run's message types for the table (insert, update, delete, truncate).
+    """
     latest = history.latest(oid)
     name = f"{latest.namespace}.{latest.name}"
     app_id = f"{ledger.pipeline}:relation:{oid}"
@@ -350,16 +391,21 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     done = applied_commit(session, plan.path, app_id, to_lsn) if redone else None
     if done is not None:  # this table's merge committed before the run was interrupted
         return TableResult(name, plan.path, oid, **done, status="already applied")
-    apply_schema(session, plan)
+    with _step(f"{name}: schema"):
+        apply_schema(session, plan)
     spec = table_spec(latest, [c for c, _ in plan.columns])
     arrow_schema = change_schema(plan.columns)
     typed = typed_change_frame(committed, oid, history, columns=plan.columns).persist()
     try:
-        net = net_frame(typed, pre_image(session, plan.path, typed, spec), spec, arrow_schema).persist()
+        # Only updates and deletes look rows up; a mirror this run created has none to find.
+        looks_up = plan.exists and bool(kinds & {"update", "delete"})
+        pre = pre_image(session, plan.path, typed, spec) if looks_up else None
+        net = net_frame(typed, pre, spec, arrow_schema).persist()
         try:
-            summary = {r["_action"]: r for r in net.groupBy("_action").agg(
-                F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
-                F.sum("_deleted").alias("del")).collect()}
+            with _step(f"{name}: convert, pre-image, net change"):
+                summary = {r["_action"]: r for r in net.groupBy("_action").agg(
+                    F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
+                    F.sum("_deleted").alias("del")).collect()}
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
             if n_skipped:
@@ -371,14 +417,25 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                 _txn_write(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
             changes = [a for a in summary if a not in ("skipped", "truncate")]
             counts = {"inserted": 0, "updated": 0, "deleted": 0}
-            if changes or truncated:
+            # Nothing to match: a new mirror (empty whatever the run did), or a multiset taking
+            # only inserts. An append is one job where a MERGE is about a dozen.
+            appends = not plan.exists or (spec.mode == "multiset" and not truncated
+                                          and set(changes) <= {"insert"})
+            if appends and changes:
+                source = net.where(F.col("_action").isin("upsert", "insert"))
+                with _step(f"{name}: append"):
+                    append(plan.path, source, spec, app_id=app_id, version=to_lsn, metadata=metadata)
+                counts = {"inserted": summary["upsert"]["n"] if "upsert" in summary else 0,
+                          "updated": 0, "deleted": 0}
+            elif changes or truncated:
                 source = net.where(F.col("_action").isin("upsert", "delete", "delete_all", "insert"))
-                counts = merge(session, plan.path, source, spec, truncated=truncated, app_id=app_id,
-                               version=to_lsn, metadata=metadata)
-                if spec.mode == "multiset":  # net rows: an update is a delete and an insert
-                    counts = {"inserted": sum(r["ins"] or 0 for r in summary.values()), "updated": 0,
-                              "deleted": counts["deleted"] if truncated else
-                              sum(r["del"] or 0 for r in summary.values())}
+                with _step(f"{name}: MERGE"):
+                    counts = merge(session, plan.path, source, spec, truncated=truncated, app_id=app_id,
+                                   version=to_lsn, metadata=metadata)
+            if spec.mode == "multiset" and (changes or truncated):  # an update: a delete, an insert
+                counts = {"inserted": sum(r["ins"] or 0 for r in summary.values()), "updated": 0,
+                          "deleted": counts["deleted"] if truncated else
+                          sum(r["del"] or 0 for r in summary.values())}
             return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated)
         finally:
             net.unpersist()

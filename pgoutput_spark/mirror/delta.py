@@ -227,8 +227,13 @@ def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec)
     return rows.select(*columns)
 
 
-def net_frame(typed: DataFrame, pre: DataFrame, spec: TableSpec, arrow_schema: pa.Schema) -> DataFrame:
-    """The run's net rows for one table (schema `net.out_schema`), computed in one task."""
+def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
+              arrow_schema: pa.Schema) -> DataFrame:
+    """The run's net rows for one table (schema `net.out_schema`), computed in one task.
+
+    ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
+    (a new mirror, or a run with inserts only).
+    """
     result_schema = out_schema(arrow_schema)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -238,7 +243,8 @@ def net_frame(typed: DataFrame, pre: DataFrame, spec: TableSpec, arrow_schema: p
 
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.
-    rows = typed.unionByName(pre).repartition(1).toDF(*_positional(arrow_schema).names)
+    rows = (typed if pre is None else typed.unionByName(pre)).repartition(1).toDF(
+        *_positional(arrow_schema).names)
     return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
 
 
@@ -290,6 +296,19 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
             "deleted": row["num_deleted_rows"]}
 
 
+def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, version: int,
+           metadata: dict[str, Any]) -> None:
+    """Append ``source``'s rows to the mirror at ``path``: what a MERGE would do when no row can match.
+
+    For a mirror created by this run (empty) and for a multiset receiving only
+    inserts. Idempotent like `merge` (same transaction identifiers, metadata).
+    """
+    (source.select(*[F.col(quote(c)) for c in spec.columns]).write.format("delta").mode("append")
+     .option("txnAppId", app_id).option("txnVersion", version)
+     .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
+     .save(path))
+
+
 def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) -> dict[str, int] | None:
     """Counts of this pipeline's MERGE at ``version`` if the mirror already has it (a redone run)."""
     from ..capture import _is_delta
@@ -299,7 +318,7 @@ def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) ->
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 20").select(
         "operation", "userMetadata", "operationMetrics").collect()
     for commit in history:
-        if commit["operation"] != "MERGE" or not commit["userMetadata"]:
+        if commit["operation"] not in ("MERGE", "WRITE") or not commit["userMetadata"]:
             continue
         try:
             meta = json.loads(commit["userMetadata"]).get(METADATA_KEY, {})
@@ -307,6 +326,8 @@ def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) ->
             continue
         if meta.get("app_id") == app_id and meta.get("to_lsn", -1) >= version:
             m = commit["operationMetrics"] or {}
+            if commit["operation"] == "WRITE":  # an append (see `append`)
+                return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
             return {"inserted": int(m.get("numTargetRowsInserted", 0)),
                     "updated": int(m.get("numTargetRowsUpdated", 0)),
                     "deleted": int(m.get("numTargetRowsDeleted", 0))}

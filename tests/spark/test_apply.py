@@ -114,27 +114,33 @@ def _crash(monkeypatch, target, name, *, on_call=1):
 
 
 @pytest.mark.parametrize("stage", [
-    pytest.param((job, "assemble", 1), id="after-decoding"),
-    pytest.param((job, "merge", 2), id="between-two-tables"),
-    pytest.param((job, "_finish", 1), id="after-merges-before-state"),
+    pytest.param((job, "assemble", 1, False), id="after-decoding"),
+    # New mirrors are written by appends, existing ones by MERGEs.
+    pytest.param((job, "append", 2, False), id="between-two-new-tables"),
+    pytest.param((job, "merge", 2, True), id="between-two-tables"),
+    pytest.param((job, "_finish", 1, False), id="after-merges-before-state"),
 ])
 def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path, monkeypatch, stage):
-    module, name, on_call = stage
+    module, name, on_call, existing = stage
     root = str(tmp_path / "target")
     capture = _frame(spark, _first_slice() + _second_slice())
+    before = 0
+    if existing:  # the mirrors exist before the run that is killed
+        before = sum(t.inserted for t in run_apply(spark, _frame(spark, _first_slice()), root).tables)
     with monkeypatch.context() as m:
         _crash(m, module, name, on_call=on_call)
         with pytest.raises(RuntimeError, match="killed"):
             run_apply(spark, capture, root, parallelism=1)
     assert status(spark, root).running
     redo = run_apply(spark, capture, root)
-    assert redo.redone and redo.lo is None
+    assert redo.redone and (redo.lo is None) is not existing
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
     # A redone run reports what the interrupted one merged, from the commits themselves.
-    assert sum(t.inserted for t in redo.tables) == 3 + 1
+    # (With the mirrors there before: 5 rows from the first slice, the moved key 10 in the redo.)
+    assert (before, sum(t.inserted for t in redo.tables)) == ((5, 1) if existing else (0, 3 + 1))
     assert run_apply(spark, capture, root).skipped
-    assert len(status(spark, root).runs) == 1
+    assert len(status(spark, root).runs) == 1 + existing
 
 
 def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):

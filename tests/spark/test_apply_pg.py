@@ -58,10 +58,8 @@ def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]]) -
 
 @pytest.fixture(scope="module")
 def pg15_captures(pg15: PgCluster) -> Iterator[tuple[Workload, dict[int, list[CapturedMessage]]]]:
-    """Protocols 1 (nothing streamed, prepared transactions sent at COMMIT PREPARED),
-    2 (streamed) and 3 (streamed, two-phase) of one PostgreSQL 15 workload."""
+    """Protocols 2 (streamed) and 3 (streamed, two-phase) of one PostgreSQL 15 workload."""
     yield from _capture(pg15, "apply15", {
-        1: {},
         2: {"streaming": "on", "messages": True},
         3: {"streaming": "on", "two_phase": True, "messages": True},
     })
@@ -319,11 +317,15 @@ def _plain_type(t: T.DataType) -> str:
 # -- tests --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", [1, 2])
-def test_pg15_whole_capture_in_one_run(spark, pg15_captures, tmp_path, protocol):
-    """Landed in several files, applied in one run."""
+def test_pg15_protocol_2_whole_capture_in_one_run(spark, pg15_captures, tmp_path):
+    """Landed in several files, applied in one run (streamed transactions whole within it).
+
+    Protocol 1 is left out to keep the suite short: what it sends differently
+    (large and prepared transactions as plain Begin .. Commit blocks) is the
+    path every other capture takes for its small transactions.
+    """
     workload, captures = pg15_captures
-    messages = captures[protocol]
+    messages = captures[2]
     cuts = sorted(_cuts(messages, workload).values())
     mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, cuts, run_after=set())
     assert len(results) == 1

@@ -72,15 +72,55 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+def _dense(codes: np.ndarray) -> np.ndarray:
+    """Codes renumbered 0..k-1 (equal stays equal)."""
+    return np.unique(codes, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _validity(values: pa.Array) -> pa.Buffer | None:
+    return pa.array(np.asarray(values.is_valid())).buffers()[1] if values.null_count else None
+
+
 def _column_codes(values: pa.Array) -> np.ndarray:
+    """One integer per value, equal for equal values (NULL equal to NULL), vectorized for nested types."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    kind = values.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        # Each list as the bytes of its elements' codes; then codes of those byte strings.
+        lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
+        elements = _column_codes(pc.list_flatten(values)) if lengths.sum() else np.zeros(0, np.int64)
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        packed = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(values),
+            [_validity(values), pa.py_buffer((offsets * 8).tobytes()),
+             pa.py_buffer(elements.astype(np.int64).tobytes())], null_count=values.null_count)
+        return _column_codes(packed)
+    if pa.types.is_struct(kind):
+        valid = np.asarray(values.is_valid(), dtype=np.int64)
+        fields = [np.where(valid == 1, _column_codes(pc.struct_field(values, [i])), -1)
+                  for i in range(kind.num_fields)]
+        return key_codes_from([valid, *fields])
     try:
         encoded = pc.dictionary_encode(values, null_encoding="encode")
         return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        # Nested values (arrays, intervals as structs): hash their Python form.
+        # Anything else (maps, say): hash the Python form.
         seen: dict[Any, int] = {}
         return np.fromiter((seen.setdefault(_hashable(v), len(seen)) for v in values.to_pylist()),
                            dtype=np.int64, count=len(values))
+
+
+def key_codes_from(codes: Sequence[np.ndarray]) -> np.ndarray:
+    """Combine per-column codes into one code per row, equal where every column's code is equal."""
+    out = _dense(codes[0])
+    for more in codes[1:]:
+        more = _dense(more)
+        width = int(more.max()) + 1 if more.size else 1
+        # Both below the row count n: the pair's code stays below n**2, far within int64.
+        out = _dense(out * width + more)
+    return out
 
 
 def key_codes(columns: Sequence[pa.Array]) -> np.ndarray:
@@ -88,8 +128,7 @@ def key_codes(columns: Sequence[pa.Array]) -> np.ndarray:
     codes = [_column_codes(c) for c in columns]
     if len(codes) == 1:
         return codes[0]
-    _, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
-    return inverse.reshape(-1).astype(np.int64)
+    return key_codes_from(codes)
 
 
 def _unchanged_positions(lists: pa.Array, names: list[str]) -> dict[int, list[int]]:

@@ -43,16 +43,20 @@ from .errors import PgoutputSparkError
 from .lsn import Lsn
 from .mirror.delta import (
     DEFAULT_TABLE_PATH,
+    CatalogError,
     SchemaPlan,
     append,
     applied_commit,
     apply_schema,
+    catalog_name,
+    catalog_registered,
     merge,
     mirror_path,
     net_frame,
     quote,
     plan_schema,
     pre_image,
+    register,
     table_spec,
 )
 from .spark.assemble import ScanState, assemble
@@ -237,10 +241,13 @@ def _sql(value: Any) -> str:
 def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               columns: CaptureColumns | None = None, pipeline: str = "default",
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
-              parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH) -> ApplyResult:
+              parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH,
+              table_name: str | None = None) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
-    ``table_path`` places each mirror (default ``{root}/{schema}/{table}``).
+    ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
+    ``table_name``, if given, names each in the catalog too (an external Delta
+    table; e.g. ``mirrors.{schema}__{table}``).
     """
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
@@ -272,7 +279,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     spark.conf.set("spark.sql.caseSensitive", "true")
     try:
         return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                    table_path)
+                    table_path, table_name)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         decoded.unpersist()
@@ -280,7 +287,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
 
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
-         table_path: str) -> ApplyResult:
+         table_path: str, table_name: str | None) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -309,6 +316,20 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         # Every schema decision before anything is written.
         with _step(f"plan {len(relations)} schemas"):
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
+        names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
+        if table_name:
+            with _step("check catalog names"):
+                taken: dict[tuple[str, ...], str] = {}
+                for oid in relations:
+                    first = history.relations[oid][0]
+                    name = catalog_name(table_name, first.namespace, first.name)
+                    other = taken.setdefault(tuple(p.casefold() for p in name), plans[oid].path)
+                    if other != plans[oid].path:
+                        raise CatalogError(f"the mirrors at {other} and {plans[oid].path} would both be "
+                                           f"the catalog table {'.'.join(name)}; nothing was written. "
+                                           f"Choose an apply.table_name that tells them apart")
+                    if not catalog_registered(spark, name, plans[oid].path):
+                        names[oid] = name
         if new_meta:
             with _step("save relations"):
                 _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
@@ -329,6 +350,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                     plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path)
                     out.append(_mirror_table(session, ledger, committed, history, oid, plan, kinds[oid],
                                              to_lsn, metadata, redone))
+                    if oid in names:
+                        register(session, names[oid], plan.path)
                 return out
 
             with _step(f"merge {len(relations)} tables"), \

@@ -99,7 +99,7 @@ def run_apply_command(config: Config, target: str, parallelism: int | None = Non
                        on_error=config.decode.on_error,  # type: ignore[arg-type]
                        skip_origins=config.changes.skip_origins,
                        parallelism=parallelism or config.apply.parallelism,
-                       table_path=config.apply.table_path)
+                       table_path=config.apply.table_path, table_name=config.apply.table_name)
     return result.render()
 
 

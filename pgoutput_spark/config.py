@@ -55,6 +55,10 @@ class ApplyConfig:
     #: Where each mirror lives: ``{root}`` is the target, ``{schema}`` and ``{table}`` the
     #: source names as path segments (see the README on which characters are encoded).
     table_path: str = "{root}/{schema}/{table}"
+    #: If set, each mirror is also a catalog table of this name (an external Delta table at
+    #: its path): dot-separated parts with ``{schema}`` and ``{table}``, the source names with
+    #: any character but letters, digits and ``_`` made ``_``, lower case; e.g. ``mirrors.{schema}__{table}``.
+    table_name: str | None = None
 
     def check(self, source: str) -> None:
         if self.parallelism < 1:
@@ -66,6 +70,15 @@ class ApplyConfig:
                               f"(fields: {{root}}, {{schema}}, {{table}}): {exc!r}") from exc
         if "T" not in rendered or "{table}" not in self.table_path:
             raise ConfigError(f"{source}: apply.table_path {self.table_path!r} must contain {{table}}")
+        if self.table_name is not None:
+            try:
+                parts = [p.format(schema="S", table="T") for p in self.table_name.split(".")]
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(f"{source}: apply.table_name {self.table_name!r} is not a valid template "
+                                  f"(fields: {{schema}}, {{table}}): {exc!r}") from exc
+            if "{table}" not in self.table_name.split(".")[-1] or not all(parts) or len(parts) > 3:
+                raise ConfigError(f"{source}: apply.table_name {self.table_name!r} must be one to three "
+                                  f"dot-separated non-empty parts, the last containing {{table}}")
 
 
 LOCAL_SPARK_CONF = {

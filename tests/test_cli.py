@@ -95,6 +95,12 @@ def test_config_errors_name_file_and_key(tmp_path):
         load_config(conf)
     conf.write_text("apply:\n  parallelism: 2\n  table_path: '{root}/mirrors/{schema}.{table}'\n")
     assert load_config(conf).apply.parallelism == 2
+    for bad in ("'mirrors.{schema}'", "'a.b.c.{table}'", "'mirrors..{table}'", "'{tabel}'"):
+        conf.write_text(f"apply:\n  table_name: {bad}\n")
+        with pytest.raises(ConfigError, match=r"apply.table_name "):
+            load_config(conf)
+    conf.write_text("apply:\n  table_name: 'mirrors.{schema}__{table}'\n")
+    assert load_config(conf).apply.table_name == "mirrors.{schema}__{table}"
 
 
 @pytest.mark.usefixtures("restore_spark_conf")

@@ -14,6 +14,7 @@ and records the run's LSN and seq range as its commit's ``userMetadata``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,51 @@ DEFAULT_TABLE_PATH = "{root}/{schema}/{table}"
 def mirror_path(root: str, namespace: str, name: str, template: str = DEFAULT_TABLE_PATH) -> str:
     """Where the mirror of ``namespace.name`` lives (``template``: see `ApplyConfig.table_path`)."""
     return template.format(root=root.rstrip("/"), schema=_segment(namespace), table=_segment(name))
+
+
+def catalog_name(template: str, namespace: str, name: str) -> tuple[str, ...]:
+    """The catalog name of a mirror, as its parts: each dot-separated part of ``template`` filled
+    in with the source names, every character but letters, digits and ``_`` made ``_``, in
+    lower case (what Spark's session catalog accepts and how it keeps names)."""
+    schema, table = (re.sub(r"[^A-Za-z0-9_]", "_", n) for n in (namespace, name))
+    return tuple(part.format(schema=schema, table=table).lower() for part in template.split("."))
+
+
+def identifier(parts: tuple[str, ...]) -> str:
+    """A catalog name as a Spark SQL identifier."""
+    return ".".join(quote(part) for part in parts)
+
+
+class CatalogError(PgoutputSparkError):
+    """A mirror's catalog name is taken by a table somewhere else."""
+
+
+def _location(path: str) -> str:
+    path = path.rstrip("/")
+    if path.startswith("file:"):
+        path = "/" + path[len("file:"):].lstrip("/")
+    return path
+
+
+def catalog_registered(spark: SparkSession, name: tuple[str, ...], path: str) -> bool:
+    """Whether ``name`` is the mirror at ``path`` already; `CatalogError` if it is another table."""
+    table = identifier(name)
+    if not spark.catalog.tableExists(table):
+        return False
+    location = spark.sql(f"DESCRIBE DETAIL {table}").select("location").first()
+    where = location[0] if location is not None else None
+    if where is None or _location(where) != _location(path):
+        raise CatalogError(f"catalog table {table} exists at {where}, not at the mirror's location "
+                           f"{path}; nothing was written. Drop it, or choose another apply.table_name")
+    return True
+
+
+def register(spark: SparkSession, name: tuple[str, ...], path: str) -> None:
+    """Name the mirror at ``path`` in the catalog (an external Delta table), with its database."""
+    if len(name) > 1:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier(name[:-1])}")
+    location = path.replace("\\", "\\\\").replace("'", "\\'")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier(name)} USING delta LOCATION '{location}'")
 
 
 def quote(name: str) -> str:

@@ -382,7 +382,7 @@ SETUP = f"""
     CREATE PUBLICATION pub_filter FOR TABLE rowfilt WHERE (grp > 0), rowfilt_k WHERE (id % 3 <> 0);
     CREATE PUBLICATION pub_cols FOR TABLE collist (id, a, c);
     CREATE PUBLICATION pub_part FOR TABLE parted WITH (publish_via_partition_root = true);
-    SELECT pg_replication_origin_create('upstream');
+    SELECT pg_replication_origin_create('apply_upstream');
 """
 
 PAD = "repeat(md5(g::text), 8)"  # 256 bytes a row: a few hundred rows pass logical_decoding_work_mem
@@ -602,7 +602,7 @@ def _messages_and_origin(d: Driver) -> None:
           "SELECT pg_logical_emit_message(true, 'tx', 'transactional')",
           "INSERT INTO logonly VALUES ('with a message', 5, NULL)")
     # A transaction replayed from another node: it carries an Origin message.
-    d.conn.execute("SELECT pg_replication_origin_session_setup('upstream')")
+    d.conn.execute("SELECT pg_replication_origin_session_setup('apply_upstream')")
     d.conn.commit()
     d.txn("SELECT pg_replication_origin_xact_setup('0/ABC', now())",
           "INSERT INTO keyswap VALUES (9000, 'from upstream', 0)")

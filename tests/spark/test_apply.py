@@ -217,3 +217,29 @@ def test_timestamp_columns_and_names_with_dots_and_backticks(spark, tmp_path):
 
     assert sorted(tuple(r) for r in frame.collect()) == [
         (1, 7, dt.datetime(2024, 2, 29, 23, 59, 59, 999999), "x"), (2, 3, dt.datetime(2000, 1, 1), "y")]
+
+
+def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
+    """``table_name``: each mirror is an external catalog table too (odd characters become ``_``)."""
+    root = str(tmp_path / "target")
+    database = f"mirrors_{tmp_path.name[-12:].replace('-', '_')}"
+    spark.sql(f"CREATE NAMESPACE {database} LOCATION '{tmp_path / 'warehouse'}'")
+    try:
+        template = database + ".{schema}__{table}"
+        run_apply(spark, _frame(spark, _first_slice()), root, table_name=template)
+        run_apply(spark, _frame(spark, _first_slice() + _second_slice()), root, table_name=template)
+        one = spark.table(f"`{database}`.`public__one`").collect()
+        two = spark.table(f"`{database}`.`Mixed_Case__t_wo`").collect()
+        assert sorted(tuple(r) for r in one) == EXPECTED_ONE
+        assert sorted(tuple(r) for r in two) == EXPECTED_TWO
+
+        # A name taken by another table: a clear error before anything is written.
+        spark.sql(f"DROP TABLE `{database}`.`public__one`")
+        spark.sql(f"CREATE TABLE `{database}`.`public__one` (id int) USING delta "
+                  f"LOCATION '{tmp_path / 'elsewhere'}'")
+        other = str(tmp_path / "other")
+        with pytest.raises(mirror_delta.CatalogError, match=r"`public__one` exists at .*elsewhere"):
+            run_apply(spark, _frame(spark, _first_slice()), other, table_name=template)
+        assert not (tmp_path / "other" / "public").exists()
+    finally:
+        spark.sql(f"DROP NAMESPACE IF EXISTS {database} CASCADE")

@@ -17,6 +17,7 @@ PostgreSQL's own text output where the Spark form is that text (see
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,6 +345,9 @@ def _file_by_file(spark, messages: list[CapturedMessage], workload: Workload, tm
     _check_types(mirrors)
 
 
+@pytest.mark.skipif(not os.environ.get("PGOUTPUT_SPARK_LONG_TESTS"), reason=(
+    "about 3 minutes; PostgreSQL 16's protocol 4 file-by-file test covers the same cuts: "
+    "set PGOUTPUT_SPARK_LONG_TESTS=1 to run it"))
 def test_pg15_protocol_3_file_by_file(spark, pg15_captures, tmp_path):
     workload, captures = pg15_captures
     names = ["toasty key swap", "interleaved", "p1 prepared"]

@@ -68,28 +68,43 @@ def _bucketed(messages: DataFrame, rows_per_bucket: int) -> DataFrame:
     return messages.withColumn("_bucket", ((F.col("seq") - F.lit(lo)) / F.lit(width)).cast("long"))
 
 
-def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> DataFrame:
-    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets."""
+_BOUNDARY = ("begin", "begin_prepare", "commit", "prepare")
+_STREAM_EDGES = ("stream_start", "stream_stop")
+
+
+def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> tuple[DataFrame, ScanState]:
+    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets; and the
+    block / stream still open after the last message (for the next run). One pass."""
     is_begin = F.col("message_type").isin("begin", "begin_prepare")
     is_start = F.col("message_type") == "stream_start"
+    boundary = F.col("message_type").isin(*_BOUNDARY)
+    stream = F.col("message_type").isin(*_STREAM_EDGES)
     per_bucket = (
         bucketed.groupBy("_bucket")
         .agg(F.max(F.when(is_begin, F.col("seq"))).alias("begin_seq"),
              F.max_by(F.when(is_start, F.col("stream_start.xid")),
-                      F.when(is_start, F.col("seq"))).alias("stream_xid"))
+                      F.when(is_start, F.col("seq"))).alias("stream_xid"),
+             F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
+             F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
+                      F.when(stream, F.col("seq"))).alias("s"))
         .orderBy("_bucket")
         .collect()
     )
     rows = []
     begin, xid = start.last_begin_seq, start.last_stream_xid
+    end_begin, end_xid = start.last_begin_seq, start.last_stream_xid
     for row in per_bucket:  # one row per bucket (a million messages each)
         rows.append((row["_bucket"], begin, xid))
         if row["begin_seq"] is not None:
             begin = row["begin_seq"]
         if row["stream_xid"] is not None:
             xid = row["stream_xid"]
+        if row["b"] is not None:  # the last boundary decides whether a block is open
+            end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None
+        if row["s"] is not None:
+            end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
     schema = "_bucket long, _carry_begin long, _carry_xid long"
-    return spark.createDataFrame(rows, schema)
+    return spark.createDataFrame(rows, schema), ScanState(end_begin, end_xid)
 
 
 def scan(messages: DataFrame, start: ScanState = ScanState(), *,
@@ -97,7 +112,7 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *,
     """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc)."""
     spark = messages.sparkSession
     bucketed = _bucketed(messages, rows_per_bucket)
-    carry = _carry_in(spark, bucketed, start)
+    carry, end = _carry_in(spark, bucketed, start)
     window = Window.partitionBy("_bucket").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
     is_begin = F.col("message_type").isin("begin", "begin_prepare")
     is_start = F.col("message_type") == "stream_start"
@@ -115,27 +130,7 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *,
                                                  F.col("prepare.xid")))))
         .drop("_bucket", "_carry_begin", "_carry_xid")
     )
-    end = _end_state(messages, start)
     return scanned, end
-
-
-def _end_state(messages: DataFrame, start: ScanState) -> ScanState:
-    """The block / stream still open after the last message (for the next run)."""
-    boundary = F.col("message_type").isin("begin", "begin_prepare", "commit", "prepare")
-    stream = F.col("message_type").isin("stream_start", "stream_stop")
-    last = messages.agg(
-        F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
-        F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
-                 F.when(stream, F.col("seq"))).alias("s"),
-    ).first()
-    assert last is not None
-    begin = start.last_begin_seq
-    if last["b"] is not None:
-        begin = last["b"]["seq"] if last["b"]["message_type"] in ("begin", "begin_prepare") else None
-    xid = start.last_stream_xid
-    if last["s"] is not None:
-        xid = last["s"]["xid"] if last["s"]["message_type"] == "stream_start" else None
-    return ScanState(begin, xid)
 
 
 def _controls(scanned: DataFrame) -> list[Control]:

@@ -29,7 +29,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from machine import Machine, format_load, load_average, peak_rss_mib
+from machine import Machine, finish, format_load, load_average, peak_rss_mib
 from spark_bench import _cpu_times
 from workload import _SCHEMA as WIDE_SCHEMA
 from workload import PROTO_VERSION, PUBLICATION, ROWS_PER_FILE, _Workload
@@ -870,14 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.sizes) <= _PRIME_ROWS + args.merge_changes:
         parser.error(f"--sizes must exceed --merge-changes + {_PRIME_ROWS}")
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    results = run(args)
-    results["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    results["argv"] = list(argv) if argv is not None else sys.argv[1:]
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
-    return 0
+    return finish(run(args), argv, args.json)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -44,7 +41,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 import baseline_struct  # noqa: E402
 import mix  # noqa: E402
-from machine import Machine, format_load, load_average, peak_rss_mib  # noqa: E402
+from machine import Machine, finish, format_load, load_average, peak_rss_mib  # noqa: E402
 from peers import pypgoutput_decoder  # noqa: E402
 from workload import CaptureInfo, build_capture, capture_dir, existing_capture  # noqa: E402
 
@@ -340,14 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.messages, args.subset, args.runs, args.spark_runs) < 1:
         parser.error("--messages, --subset, --runs and --spark-runs must be at least 1")
-    results = run(args)
-    results["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    results["argv"] = list(argv) if argv is not None else sys.argv[1:]
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
-    return 0
+    return finish(run(args), argv, args.json)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -98,3 +102,14 @@ class Machine:
 
 def format_load(load: tuple[float, float, float]) -> str:
     return " ".join(f"{x:.2f}" for x in load)
+
+
+def finish(results: dict[str, Any], argv: Sequence[str] | None, json_path: Path | None) -> int:
+    """Stamp ``results`` with the date and arguments; write them to ``json_path`` if given."""
+    results["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    results["argv"] = list(argv) if argv is not None else sys.argv[1:]
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {json_path}")
+    return 0

@@ -319,17 +319,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
         if table_name:
             with _step("check catalog names"):
-                taken: dict[tuple[str, ...], str] = {}
-                for oid in relations:
-                    first = history.relations[oid][0]
-                    name = catalog_name(table_name, first.namespace, first.name)
-                    other = taken.setdefault(tuple(p.casefold() for p in name), plans[oid].path)
-                    if other != plans[oid].path:
-                        raise CatalogError(f"the mirrors at {other} and {plans[oid].path} would both be "
-                                           f"the catalog table {'.'.join(name)}; nothing was written. "
-                                           f"Choose an apply.table_name that tells them apart")
-                    if not catalog_registered(spark, name, plans[oid].path):
-                        names[oid] = name
+                names = _catalog_names(spark, table_name, history, plans)
         if new_meta:
             with _step("save relations"):
                 _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
@@ -354,7 +344,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                         register(session, names[oid], plan.path)
                 return out
 
-            with _step(f"merge {len(relations)} tables"), \
+            with _step(f"write {len(relations)} tables"), \
                     ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
                 for done in pool.map(mirror, by_path.values()):
                     results.extend(done)
@@ -400,6 +390,24 @@ def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
                        f"{latest.namespace}.{latest.name}", history.table_columns(oid))  # type: ignore[arg-type]
 
 
+def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
+                   plans: dict[int, SchemaPlan]) -> dict[int, tuple[str, ...]]:
+    """The catalog names the run must register; `CatalogError` for a name taken or shared."""
+    taken: dict[tuple[str, ...], str] = {}
+    out = {}
+    for oid, plan in plans.items():
+        first = history.relations[oid][0]  # named like its mirror's path: by its first name
+        name = catalog_name(template, first.namespace, first.name)
+        other = taken.setdefault(name, plan.path)
+        if other != plan.path:
+            raise CatalogError(f"the mirrors at {other} and {plan.path} would both be the catalog "
+                               f"table {'.'.join(name)}; nothing was written. Choose an "
+                               f"apply.table_name that tells them apart")
+        if not catalog_registered(spark, name, plan.path):
+            out[oid] = name
+    return out
+
+
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], to_lsn: int, metadata: dict[str, Any],
                   redone: bool) -> TableResult:
@@ -418,10 +426,12 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         apply_schema(session, plan)
     spec = table_spec(latest, [c for c, _ in plan.columns])
     arrow_schema = change_schema(plan.columns)
-    typed = typed_change_frame(committed, oid, history, columns=plan.columns).persist()
+    # Only updates and deletes look rows up; a mirror this run created has none to find.
+    looks_up = plan.exists and bool(kinds & {"update", "delete"})
+    typed = typed_change_frame(committed, oid, history, columns=plan.columns)
+    if looks_up:  # read twice: for the keys to look up, and as the changes
+        typed = typed.persist()
     try:
-        # Only updates and deletes look rows up; a mirror this run created has none to find.
-        looks_up = plan.exists and bool(kinds & {"update", "delete"})
         pre = pre_image(session, plan.path, typed, spec) if looks_up else None
         net = net_frame(typed, pre, spec, arrow_schema).persist()
         try:
@@ -444,12 +454,13 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             # only inserts. An append is one job where a MERGE is about a dozen.
             appends = not plan.exists or (spec.mode == "multiset" and not truncated
                                           and set(changes) <= {"insert"})
-            if appends and changes:
-                source = net.where(F.col("_action").isin("upsert", "insert"))
-                with _step(f"{name}: append"):
-                    append(plan.path, source, spec, app_id=app_id, version=to_lsn, metadata=metadata)
-                counts = {"inserted": summary["upsert"]["n"] if "upsert" in summary else 0,
-                          "updated": 0, "deleted": 0}
+            if appends:
+                n_rows = sum(summary[a]["n"] for a in ("upsert", "insert") if a in summary)
+                if n_rows:
+                    source = net.where(F.col("_action").isin("upsert", "insert"))
+                    with _step(f"{name}: append"):
+                        append(plan.path, source, spec, app_id=app_id, version=to_lsn, metadata=metadata)
+                counts = {"inserted": n_rows, "updated": 0, "deleted": 0}
             elif changes or truncated:
                 source = net.where(F.col("_action").isin("upsert", "delete", "delete_all", "insert"))
                 with _step(f"{name}: MERGE"):

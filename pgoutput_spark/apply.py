@@ -57,6 +57,7 @@ from .mirror.delta import (
     plan_schema,
     pre_image,
     register,
+    sql_literal,
     table_spec,
 )
 from .spark.assemble import ScanState, assemble
@@ -196,7 +197,7 @@ class Ledger:
         try:
             row = self.spark.sql(
                 f"UPDATE delta.`{self.lease_path}` SET {sets} "
-                f"WHERE pipeline = {_sql(self.pipeline)} AND run_id = {_sql(run_id)}").first()
+                f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
         except Exception as exc:
             if "Concurrent" in type(exc).__name__ or "Concurrent" in str(exc)[:400]:
                 raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
@@ -208,12 +209,12 @@ class Ledger:
                                      f"could {what}; re-run when it has finished")
 
     def claim(self, lease: Lease, run_id: str, hi: int) -> None:
-        self._update({"run_id": _sql(run_id), "status": "'running'", "hi": str(hi),
+        self._update({"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
                       "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
 
     def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None) -> None:
-        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": _sql(end.last_begin_seq),
-                      "scan_xid": _sql(end.last_stream_xid), "applied_lsn": _sql(applied_lsn)},
+        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
+                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn)},
                      run_id, "record its end")
 
     def history(self) -> RelationHistory:
@@ -228,14 +229,6 @@ class Ledger:
             return None
         return self.spark.read.format("delta").load(self.pending_path).where(
             F.col("_run_hi") == hi).drop("_run_hi")
-
-
-def _sql(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,

@@ -103,8 +103,16 @@ def register(spark: SparkSession, name: tuple[str, ...], path: str) -> None:
     """Name the mirror at ``path`` in the catalog (an external Delta table), with its database."""
     if len(name) > 1:
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier(name[:-1])}")
-    location = path.replace("\\", "\\\\").replace("'", "\\'")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier(name)} USING delta LOCATION '{location}'")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier(name)} USING delta LOCATION {sql_literal(path)}")
+
+
+def sql_literal(value: Any) -> str:
+    """A value as a Spark SQL literal: NULL, an integer, or a quoted string."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def quote(name: str) -> str:

@@ -19,8 +19,9 @@ Column names are configurable through `CaptureColumns`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CaptureError
 
@@ -76,14 +77,53 @@ def _is_delta(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(hadoop_path))
 
 
+def _landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
+    """The ``_pgoutput_capture.json`` that `pgoutput-spark capture` wrote in `path`, if any."""
+    from .slot.landing import LANDING_INFO_FILE
+
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/" + LANDING_INFO_FILE)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    try:
+        info = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaptureError(f"{path}/{LANDING_INFO_FILE} is not valid JSON: {exc}") from exc
+    return info if isinstance(info, dict) else None
+
+
+def check_landing(spark: SparkSession, path: str) -> dict[str, Any] | None:
+    """Check the session settings a landing records against what the type conversion reads.
+
+    Returns the landing information (None for a capture not landed by
+    ``pgoutput-spark capture``); raises `CaptureError` naming the setting.
+    """
+    from .slot.settings import check_session_settings
+
+    info = _landing_info(spark, path)
+    if info is not None:
+        check_session_settings(info.get("settings") or {}, source=path)
+    return info
+
+
 def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "auto") -> DataFrame:
     """Read a capture from a Parquet folder or a Delta table (``auto``: Delta if it has a log).
 
     A Parquet capture is every ``*.parquet`` file under ``path`` (Hive-style
     partition folders such as ``date=2026-11-22/`` are discovered as columns).
+    A folder landed by ``pgoutput-spark capture`` has its recorded session
+    settings checked first (`check_landing`).
     """
     if format == "auto":
         format = "delta" if _is_delta(spark, path) else "parquet"
+    if format == "parquet":
+        check_landing(spark, path)
     if format not in ("parquet", "delta"):
         raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
     reader = spark.read.format(format)

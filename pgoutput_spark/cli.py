@@ -1,5 +1,6 @@
 """The ``pgoutput-spark`` command line.
 
+    pgoutput-spark capture --landing PATH --slot NAME --publication NAME [--dsn DSN] [options]
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
     pgoutput-spark apply --target ROOT [--config conf/local.yaml] [--capture PATH]
@@ -37,6 +38,30 @@ def task_error(exc: BaseException) -> PgoutputSparkError | None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    capture = sub.add_parser("capture", help="land a replication slot's messages as capture files")
+    capture.add_argument("--landing", required=True, help="Parquet folder the capture files go to")
+    capture.add_argument("--slot", required=True, help="pgoutput replication slot to read")
+    capture.add_argument("--publication", action="append", metavar="NAME",
+                         help="publication to decode (repeatable; default: the landing's)")
+    capture.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
+    capture.add_argument("--create-slot", action="store_true", help="create the slot when it is missing")
+    capture.add_argument("--proto-version", type=int, choices=[1, 2, 3, 4],
+                         help="pgoutput protocol version (default: the highest the server speaks)")
+    capture.add_argument("--streaming", choices=["on", "off", "parallel"],
+                         help="stream large in-progress transactions")
+    capture.add_argument("--two-phase", action=argparse.BooleanOptionalAction, default=None,
+                         help="decode prepared transactions at PREPARE (slot created with two_phase)")
+    capture.add_argument("--messages", action=argparse.BooleanOptionalAction, default=None,
+                         help="include pg_logical_emit_message messages")
+    capture.add_argument("--binary", action=argparse.BooleanOptionalAction, default=None,
+                         help="values in binary format")
+    capture.add_argument("--origin", choices=["any", "none"], help="replication origins to include")
+    capture.add_argument("--chunk-size", type=int, default=100_000,
+                         help="messages per chunk file (it ends at a transaction boundary)")
+    stop = capture.add_mutually_exclusive_group()
+    stop.add_argument("--until-lsn", help="stop at the last transaction ending at or before this LSN")
+    stop.add_argument("--max-messages", type=int, help="stop after landing this many messages")
+    capture.add_argument("--quiet", action="store_true", help="no progress line per chunk")
     decode = sub.add_parser("decode", help="decode a capture and print a summary")
     decode.add_argument("--config", help="configuration file (default: built-in defaults)")
     decode.add_argument("--capture", help="capture path (Parquet folder or Delta table)")
@@ -78,6 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--quarantine", help=argparse.SUPPRESS)
     status.add_argument("--master", help="Spark master (default from the configuration)")
     return parser
+
+
+def run_capture_command(args: argparse.Namespace) -> str:
+    from .slot.capture import capture_slot
+
+    progress = None if args.quiet else (lambda chunk: print(chunk.render(), flush=True))
+    result = capture_slot(args.landing, slot=args.slot, publications=args.publication, dsn=args.dsn,
+                          proto_version=args.proto_version, streaming=args.streaming,
+                          two_phase=args.two_phase, messages=args.messages, binary=args.binary,
+                          origin=args.origin, create_slot=args.create_slot, chunk_size=args.chunk_size,
+                          until_lsn=args.until_lsn, max_messages=args.max_messages, progress=progress)
+    return result.render()
 
 
 def _capture(config: Config):  # type: ignore[no-untyped-def]
@@ -171,6 +208,9 @@ def run_decode(config: Config, output: str | None = None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "capture":
+            print(run_capture_command(args))
+            return 0
         config = _apply_overrides(load_config(args.config), args)
         if args.command == "decode":
             print(run_decode(config, args.output))

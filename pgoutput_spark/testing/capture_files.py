@@ -17,19 +17,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..slot.landing import CAPTURE_SCHEMA
+
 __all__ = ["CAPTURE_SCHEMA", "CapturedMessage", "write_capture_parquet"]
 
 _log = logging.getLogger(__name__)
-
-CAPTURE_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("lsn", pa.int64(), nullable=False),
-        pa.field("xid", pa.int64(), nullable=False),
-        pa.field("data", pa.binary(), nullable=False),
-    ]
-)
-"""Arrow schema of a capture file: one row per pgoutput message."""
 
 _PART_GLOB = "part-*.parquet"
 

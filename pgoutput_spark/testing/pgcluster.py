@@ -35,7 +35,7 @@ from typing import Any, Self
 import psycopg
 
 from .capture_files import CapturedMessage
-from .plugin_options import StreamingMode, flatten_options, pgoutput_options, quote_ident
+from ..slot.options import StreamingMode, flatten_options, pgoutput_options, quote_ident
 
 __all__ = ["CapturedMessage", "PgCluster", "PgClusterError"]
 
@@ -76,11 +76,14 @@ def _free_port() -> int:
 class PgCluster:
     """One throwaway PostgreSQL cluster in a temporary directory (see module docstring)."""
 
-    def __init__(self, bindir: str | Path, *, base_dir: str | Path | None = None) -> None:
+    def __init__(self, bindir: str | Path, *, base_dir: str | Path | None = None,
+                 settings: Mapping[str, str] | None = None) -> None:
         """`bindir` holds initdb, pg_ctl and postgres; the cluster directory is
         created under `base_dir` (default: the system temp dir), which the
-        ``postgres`` OS user must be able to traverse when we run as root."""
+        ``postgres`` OS user must be able to traverse when we run as root.
+        `settings` override the server settings (``{"wal_level": "replica"}``)."""
         self._bindir = Path(bindir)
+        self._settings = {**_SETTINGS, **(settings or {})}
         for tool in ("initdb", "pg_ctl", "postgres"):
             if not (self._bindir / tool).is_file():
                 raise PgClusterError(f"{tool} not found in {self._bindir}")
@@ -92,7 +95,8 @@ class PgCluster:
     # -- construction -------------------------------------------------------------
 
     @classmethod
-    def debian(cls, version: int = 15, base_dir: str | Path | None = None) -> PgCluster:
+    def debian(cls, version: int = 15, base_dir: str | Path | None = None,
+               settings: Mapping[str, str] | None = None) -> PgCluster:
         """A cluster from the Debian ``postgresql-<version>`` binaries."""
         bindir = Path(f"/usr/lib/postgresql/{version}/bin")
         if not (bindir / "postgres").is_file():
@@ -101,7 +105,7 @@ class PgCluster:
                 f"`.ci/run` installs them, or run `apt-get install postgresql-{version}`"
                 " (`apt-get install postgresql` on Debian 12 gives 15)"
             )
-        return cls(bindir, base_dir=base_dir)
+        return cls(bindir, base_dir=base_dir, settings=settings)
 
     @classmethod
     def pgserver(cls, base_dir: str | Path | None = None) -> PgCluster:
@@ -182,7 +186,7 @@ class PgCluster:
             self._initdb(root / "data")
             for attempt in range(3):
                 self._port = _free_port()
-                self._write_settings(root / "data", root, self._port)
+                self._write_settings(root / "data", root, self._port, self._settings)
                 result = self._run_tool(
                     "pg_ctl", "-D", str(root / "data"), "-l", str(root / "server.log"),
                     "-w", "-t", "120", "start",
@@ -236,8 +240,8 @@ class PgCluster:
             raise PgClusterError(f"initdb failed ({self._bindir}):\n{result.stdout}")
 
     @staticmethod
-    def _write_settings(data: Path, socket_dir: Path, port: int) -> None:
-        lines = [f"{name} = {value}" for name, value in _SETTINGS.items()]
+    def _write_settings(data: Path, socket_dir: Path, port: int, settings: Mapping[str, str]) -> None:
+        lines = [f"{name} = {value}" for name, value in settings.items()]
         lines += [f"port = {port}", f"unix_socket_directories = '{socket_dir}'"]
         # postgresql.auto.conf is read last, so it overrides the initdb defaults.
         (data / "postgresql.auto.conf").write_text("\n".join(lines) + "\n")

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
-__all__ = ["StreamingMode", "flatten_options", "pgoutput_options", "quote_ident"]
+__all__ = ["PluginOptions", "StreamingMode", "flatten_options", "pgoutput_options", "quote_ident"]
 
 StreamingMode = Literal["on", "off", "parallel"]
 
@@ -75,3 +76,53 @@ def pgoutput_options(
 def flatten_options(options: Mapping[str, str] | None) -> list[str]:
     """Options of any plugin (``test_decoding``'s ``{"include-xids": "0"}``) as a flat list."""
     return [part for item in (options or {}).items() for part in item]
+
+
+#: The first server version (``server_version_num``) that takes each protocol version.
+MIN_SERVER_FOR_PROTOCOL = {1: 100000, 2: 140000, 3: 150000, 4: 160000}
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """The pgoutput options of a capture: what the slot is read with, recorded with the landing."""
+
+    publications: tuple[str, ...]
+    proto_version: int
+    streaming: StreamingMode | None = None
+    two_phase: bool = False
+    messages: bool = False
+    binary: bool = False
+    origin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.proto_version not in MIN_SERVER_FOR_PROTOCOL:
+            raise ValueError(f"proto_version must be 1, 2, 3 or 4, got {self.proto_version!r}")
+        if self.streaming not in (None, "on", "off", "parallel"):
+            raise ValueError(f"streaming must be 'on', 'off' or 'parallel', got {self.streaming!r}")
+        if self.streaming in ("on", "parallel") and self.proto_version < 2:
+            raise ValueError("streaming needs proto_version 2 or higher")
+        if self.streaming == "parallel" and self.proto_version < 4:
+            raise ValueError("streaming 'parallel' needs proto_version 4")
+        if self.two_phase and self.proto_version < 3:
+            raise ValueError("two_phase needs proto_version 3 or higher")
+        if self.origin not in (None, "any", "none"):
+            raise ValueError(f"origin must be 'any' or 'none', got {self.origin!r}")
+        if not self.publications:
+            raise ValueError("pgoutput needs at least one publication name")
+
+    def as_list(self) -> list[str]:
+        """The flat name/value list the SQL decoding functions take."""
+        return pgoutput_options(
+            publications=self.publications, proto_version=self.proto_version,
+            streaming=self.streaming, two_phase=self.two_phase, messages=self.messages,
+            binary=self.binary, origin=self.origin,
+        )  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["publications"] = list(self.publications)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PluginOptions:
+        return cls(**{**data, "publications": tuple(data["publications"])})

@@ -1,0 +1,272 @@
+"""`capture_slot`: land a pgoutput slot's messages as capture files, exactly once.
+
+Each chunk is read with a peek, written to the landing, committed there (a
+file rename), and only then is the slot advanced to the chunk's end. A chunk
+ends at a transaction boundary where no streamed transaction is open (the
+rows after it are read again by the next peek, which decodes them the same
+way), and the slot is advanced to that boundary's LSN. So:
+
+- killed before the file is in place: nothing was landed, the slot did not
+  move, the next run reads the same chunk again;
+- killed after the file is in place, before the slot moved: the next run
+  finds the file's ``end_lsn`` ahead of the slot, advances the slot, and
+  goes on with the next chunk;
+- ``seq`` continues from the last landed file.
+
+A slot that is ahead of the landing (someone else consumed it) is an error:
+the messages in between are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from ..decoder.messages import decode_message
+from ..decoder.protocol import MessageType
+from ..errors import CaptureError
+from ..lsn import Lsn
+from .landing import CAPTURE_SCHEMA, ChunkRecord, ParquetLanding
+from .options import PluginOptions
+from .source import SlotSource, connect
+
+__all__ = ["CaptureResult", "ChunkProgress", "capture_slot"]
+
+_log = logging.getLogger(__name__)
+
+_ENDS = frozenset({MessageType.COMMIT, MessageType.PREPARE, MessageType.COMMIT_PREPARED,
+                   MessageType.ROLLBACK_PREPARED})
+
+
+class Boundaries:
+    """Finds the messages after which a chunk may end: transaction ends with no stream open.
+
+    Commit, Prepare, Commit Prepared and Rollback Prepared end a transaction;
+    so do Stream Commit, Stream Prepare and a Stream Abort of the top-level
+    transaction. A boundary is usable only outside a Stream Start / Stop block
+    and when every streamed transaction begun so far has ended.
+    """
+
+    def __init__(self) -> None:
+        self.in_block = False
+        self.open: set[int] = set()
+
+    def after(self, data: bytes) -> bool:
+        """Feed the next message; True if a chunk may end right after it."""
+        kind = data[0] if data else -1
+        if kind == MessageType.STREAM_START:
+            self.in_block = True
+            self.open.add(decode_message(data).xid)  # type: ignore[attr-defined]
+            return False
+        if kind == MessageType.STREAM_STOP:
+            self.in_block = False
+            return False
+        if kind in (MessageType.STREAM_COMMIT, MessageType.STREAM_PREPARE):
+            self.open.discard(decode_message(data).xid)  # type: ignore[attr-defined]
+        elif kind == MessageType.STREAM_ABORT:
+            abort = decode_message(data)
+            if abort.xid != abort.subxid:  # type: ignore[attr-defined]
+                return False  # a subtransaction: the streamed transaction goes on
+            self.open.discard(abort.xid)  # type: ignore[attr-defined]
+        elif kind not in _ENDS:
+            return False
+        return not self.in_block and not self.open
+
+
+@dataclass(frozen=True)
+class ChunkProgress:
+    """What a landed chunk added, for the progress line."""
+
+    record: ChunkRecord
+    server_lsn: Lsn
+    seconds: float
+
+    def render(self) -> str:
+        r = self.record
+        lag = max(0, int(self.server_lsn) - r.end_lsn)
+        return (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
+                f"..{r.last_seq} in {self.seconds:.1f} s; slot at {Lsn(r.end_lsn)},"
+                f" {lag / 1e6:.1f} MB behind the server")
+
+
+@dataclass
+class CaptureResult:
+    landing: str
+    slot: str
+    chunks: list[ChunkRecord] = field(default_factory=list)
+    resumed_at: Lsn | None = None
+    recovered: bool = False
+    caught_up: bool = False
+
+    @property
+    def messages(self) -> int:
+        return sum(c.messages for c in self.chunks)
+
+    def render(self) -> str:
+        lines = [f"landed {self.messages:,} messages in {len(self.chunks)} chunk(s) from slot"
+                 f" {self.slot!r} into {self.landing}"]
+        if self.recovered:
+            lines.append(f"  recovered: the last run landed up to {self.resumed_at} without moving the"
+                         " slot; the slot was advanced there")
+        if self.chunks:
+            lines.append(f"  seq {self.chunks[0].first_seq}..{self.chunks[-1].last_seq},"
+                         f" slot at {Lsn(self.chunks[-1].end_lsn)}")
+        lines.append("  caught up with the server" if self.caught_up else "  stopped before catching up")
+        return "\n".join(lines)
+
+
+def _batch(seq: int, rows: list[tuple[int, int, bytes]]) -> pa.RecordBatch:
+    lsns, xids, data = zip(*rows)
+    return pa.record_batch([
+        pa.array(range(seq, seq + len(rows)), pa.int64()),
+        pa.array(lsns, pa.int64()),
+        pa.array(xids, pa.int64()),
+        pa.array(data, pa.binary()),
+    ], schema=CAPTURE_SCHEMA)
+
+
+def capture_slot(
+    landing: str,
+    *,
+    slot: str,
+    publications: tuple[str, ...] | list[str] | None = None,
+    dsn: str | None = None,
+    proto_version: int | None = None,
+    streaming: str | None = None,
+    two_phase: bool | None = None,
+    messages: bool | None = None,
+    binary: bool | None = None,
+    origin: str | None = None,
+    create_slot: bool = False,
+    chunk_size: int = 100_000,
+    until_lsn: Lsn | str | None = None,
+    max_messages: int | None = None,
+    batch_rows: int = 10_000,
+    progress: Callable[[ChunkProgress], None] | None = None,
+) -> CaptureResult:
+    """Land the slot's pending messages into the Parquet folder `landing`; return what was landed.
+
+    Options left as None continue the landing's recorded ones (a new landing:
+    the highest protocol version the server speaks, everything else off);
+    options that differ from the recorded ones are an error. Stops when caught
+    up with the server, or once `max_messages` were landed, or at the last
+    transaction boundary before `until_lsn`, whichever comes first. A chunk
+    holds at least `chunk_size` messages when that many are pending (it ends
+    at a transaction boundary), and memory holds one batch of `batch_rows`.
+    """
+    if chunk_size < 1 or batch_rows < 1:
+        raise CaptureError("chunk_size and batch_rows must be 1 or more")
+    stop_lsn = None if until_lsn is None else Lsn(until_lsn)
+    target = ParquetLanding(landing)
+    recorded = target.info()
+    conn = connect(dsn)
+    with conn:
+        options = _options(recorded, conn, publications=publications, proto_version=proto_version,
+                           streaming=streaming, two_phase=two_phase, messages=messages,
+                           binary=binary, origin=origin)
+        source = SlotSource(conn, slot, options, dsn)
+        source.check_server()
+        source.lock()
+        info = source.ensure_slot(create=create_slot and recorded is None)
+        settings = source.apply_settings()
+        target.open({"format": 1, "slot": slot, "database": conn.info.dbname,
+                     "system_identifier": source.system_identifier(),
+                     "options": options.as_dict(), "settings": settings})
+        result = CaptureResult(landing=str(target.path), slot=slot)
+        last = target.last_chunk()
+        if last is not None:
+            result.resumed_at = Lsn(last.end_lsn)
+            if info.confirmed_flush < last.end_lsn:
+                source.advance(Lsn(last.end_lsn))
+                result.recovered = True
+                _log.info("slot %s was behind the landing: advanced to %s", slot, Lsn(last.end_lsn))
+            elif info.confirmed_flush > last.end_lsn:
+                raise CaptureError(
+                    f"{source.where} is at {info.confirmed_flush} but {landing} ends at"
+                    f" {Lsn(last.end_lsn)} (chunk {last.chunk}): the messages in between were consumed"
+                    " by someone else; land into a new folder (and take a new snapshot)")
+        next_chunk = 0 if last is None else last.chunk + 1
+        next_seq = 0 if last is None else last.last_seq + 1
+        want: int | None = None
+        while max_messages is None or result.messages < max_messages:
+            if want is None:
+                want = chunk_size if max_messages is None else min(chunk_size, max_messages - result.messages)
+            started = time.monotonic()
+            chunk = target.new_chunk(next_chunk)
+            try:
+                read, record = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows)
+                if record is None:
+                    chunk.discard()
+                    if read < want:  # decoding reached the end: what is left is unfinished
+                        result.caught_up = _at_end(source, stop_lsn)
+                        break
+                    want *= 2  # a streamed transaction longer than the chunk: read further
+                    _log.info("no transaction boundary in %d messages: reading %d", read, want)
+                    continue
+                chunk.commit(record)
+            except BaseException:
+                chunk.discard()
+                raise
+            source.advance(Lsn(record.end_lsn))
+            result.chunks.append(record)
+            if progress is not None:
+                progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started))
+            next_chunk, next_seq = next_chunk + 1, record.last_seq + 1
+            if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):
+                result.caught_up = read < want and _at_end(source, stop_lsn)
+                break
+            want = None
+    return result
+
+
+def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
+    """Whether a peek that returned less than asked reached the server's end (not `stop_lsn`)."""
+    return stop_lsn is None or source.server_lsn() <= stop_lsn
+
+
+def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,  # type: ignore[no-untyped-def]
+                batch_rows: int) -> tuple[int, ChunkRecord | None]:
+    """Peek up to the chunk's limit into `chunk`; return messages read and the record to commit."""
+    boundaries = Boundaries()
+    read = 0
+    kept = 0
+    kept_bytes = 0
+    size = 0
+    end_lsn = -1
+    for rows in source.peek(limit=limit, upto_lsn=stop_lsn, batch_rows=batch_rows):
+        chunk.write(_batch(seq + read, rows))
+        for i, (lsn, _xid, data) in enumerate(rows):
+            size += len(data)
+            if boundaries.after(data):
+                if lsn < end_lsn:
+                    raise CaptureError(f"{source.where}: the transaction ending at seq {seq + read + i}"
+                                       f" has LSN {Lsn(lsn)}, before the previous one ({Lsn(end_lsn)})")
+                kept, kept_bytes, end_lsn = read + i + 1, size, lsn
+        read += len(rows)
+    _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary",
+               chunk.chunk, read, limit, kept)
+    if kept == 0:
+        return read, None
+    return read, ChunkRecord(chunk=chunk.chunk, first_seq=seq, last_seq=seq + kept - 1,
+                             end_lsn=end_lsn, bytes=kept_bytes)
+
+
+def _options(recorded, conn, **given) -> PluginOptions:  # type: ignore[no-untyped-def]
+    """The pgoutput options: the given ones over the landing's recorded ones over the defaults."""
+    if recorded is not None:
+        base = dict(recorded["options"])
+    else:
+        version = conn.info.server_version
+        base = {"publications": (), "proto_version": 4 if version >= 160000 else 3 if version >= 150000
+                else 2 if version >= 140000 else 1}
+    for name, value in given.items():
+        if value is not None:
+            base[name] = tuple(value) if name == "publications" else value
+    try:
+        return PluginOptions.from_dict(base)
+    except ValueError as exc:
+        raise CaptureError(f"pgoutput options: {exc}") from None

@@ -1,0 +1,211 @@
+"""Reading a logical replication slot over a plain SQL connection (psycopg).
+
+The slot is read with ``pg_logical_slot_peek_binary_changes`` (which leaves it
+where it is) and moved on with ``pg_replication_slot_advance`` once what was
+read is safely stored: the order that makes landing exactly once. Every server
+error a user can meet here becomes a `CaptureError` that says what to do; the
+connection string is never part of a message (it may hold a password).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from ..errors import CaptureError
+from ..lsn import Lsn
+from .options import MIN_SERVER_FOR_PROTOCOL, PluginOptions
+from .settings import RECORDED_SETTINGS, SESSION_SETTINGS
+
+__all__ = ["SlotInfo", "SlotSource", "connect"]
+
+_PEEK = (
+    "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
+    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, VARIADIC %s::text[])"
+)
+
+
+def connect(dsn: str | None) -> psycopg.Connection[Any]:
+    """An autocommit connection from `dsn` (None: the PG* environment variables only)."""
+    try:
+        return psycopg.connect(dsn or "", autocommit=True)
+    except psycopg.ProgrammingError as exc:  # a malformed DSN: its text may hold the password
+        raise CaptureError("the connection string is not valid (not shown: it may hold a password):"
+                           f" {type(exc).__name__}") from None
+    except psycopg.OperationalError as exc:
+        raise CaptureError(f"can't connect to PostgreSQL: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    database: str | None
+    two_phase: bool
+    confirmed_flush: Lsn
+
+
+class SlotSource:
+    """One slot of the connected database, read with one set of pgoutput options.
+
+    `conn` runs the checks, holds the capture's lock and advances the slot;
+    each peek runs on a new connection from `dsn` (see `peek`).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], slot: str, options: PluginOptions,
+                 dsn: str | None) -> None:
+        self.conn = conn
+        self.slot = slot
+        self.options = options
+        self._dsn = dsn
+
+    @property
+    def where(self) -> str:
+        info = self.conn.info
+        return f"slot {self.slot!r} on {info.user}@{info.host}:{info.port}/{info.dbname}"
+
+    def _scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    # -- checks ------------------------------------------------------------------------
+
+    def check_server(self) -> None:
+        """wal_level is logical; the server takes the protocol version; the publications exist."""
+        wal_level = self._scalar("SHOW wal_level")
+        if wal_level != "logical":
+            raise CaptureError(f"wal_level is {wal_level!r} on the server of {self.where}: logical"
+                               " decoding needs wal_level = logical (set it and restart the server)")
+        version = int(self._scalar("SHOW server_version_num"))
+        needed = MIN_SERVER_FOR_PROTOCOL[self.options.proto_version]
+        if version < needed:
+            raise CaptureError(f"pgoutput protocol version {self.options.proto_version} needs"
+                               f" PostgreSQL {needed // 10000} or later; the server is {version}")
+        found = {row[0] for row in self.conn.execute(
+            "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",
+            (list(self.options.publications),))}
+        missing = [p for p in self.options.publications if p not in found]
+        if missing:
+            raise CaptureError(f"publication {missing[0]!r} does not exist in database"
+                               f" {self.conn.info.dbname!r}: create it (CREATE PUBLICATION) first")
+
+    def slot_info(self) -> SlotInfo | None:
+        row = self.conn.execute(
+            "SELECT plugin, database, two_phase, (confirmed_flush_lsn - '0/0'::pg_lsn)::int8"
+            " FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
+        if row is None:
+            return None
+        plugin, database, two_phase, confirmed = row
+        return SlotInfo(self.slot, plugin, database, bool(two_phase), Lsn(confirmed or 0))
+
+    def ensure_slot(self, *, create: bool) -> SlotInfo:
+        """The slot, checked (created first when missing and `create`)."""
+        info = self.slot_info()
+        if info is None:
+            if not create:
+                raise CaptureError(f"replication slot {self.slot!r} does not exist on"
+                                   f" {self.where.split(' on ')[1]}: create it, or pass --create-slot")
+            self._create_slot()
+            info = self.slot_info()
+            assert info is not None
+        if info.plugin != "pgoutput":
+            raise CaptureError(f"{self.where} is a {'physical' if info.plugin is None else info.plugin!r}"
+                               " slot: pgoutput-spark capture reads pgoutput slots only")
+        if info.database != self.conn.info.dbname:
+            raise CaptureError(f"{self.where} belongs to database {info.database!r}: connect to that"
+                               " database")
+        if self.options.two_phase and not info.two_phase:
+            raise CaptureError(f"{self.where} was created without two_phase: two_phase decoding needs a"
+                               " slot created with two_phase = true")
+        return info
+
+    def _create_slot(self) -> None:
+        try:
+            self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
+                              (self.slot, self.options.two_phase))
+        except psycopg.Error as exc:
+            raise self._error("create", exc) from None
+
+    # -- the session ----------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Hold a session lock for this slot: a second capture of the same slot fails at once."""
+        got = self._scalar("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                           (f"pgoutput_spark capture {self.slot}",))
+        if not got:
+            raise CaptureError(f"another pgoutput-spark capture is reading {self.where}: one capture"
+                               " per slot at a time")
+
+    def apply_settings(self, conn: psycopg.Connection[Any] | None = None) -> dict[str, str]:
+        """Set `SESSION_SETTINGS` on `conn`'s session; return what the server reports for each."""
+        conn = conn or self.conn
+        for name, value in SESSION_SETTINGS.items():
+            conn.execute(f"SET {name} = '{value}'")
+        return {name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+                for name in RECORDED_SETTINGS}
+
+    def system_identifier(self) -> str | None:
+        """The cluster's system identifier (None when this role may not read it)."""
+        try:
+            return str(self._scalar("SELECT system_identifier FROM pg_control_system()"))
+        except pg_errors.InsufficientPrivilege:
+            return None
+
+    def server_lsn(self) -> Lsn:
+        return Lsn(self._scalar(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+            " ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::int8"))
+
+    # -- reading and advancing --------------------------------------------------------------
+
+    def peek(self, *, limit: int, upto_lsn: Lsn | None, batch_rows: int) -> Iterator[
+            list[tuple[int, int, bytes]]]:
+        """The slot's pending messages as lists of (lsn, xid, data), `batch_rows` at a time.
+
+        Decoding stops at the first transaction (or streamed block) after
+        `limit` messages, or at `upto_lsn`. The slot does not move.
+
+        Every peek runs in a new server session, so that what it decodes
+        depends only on the slot's position: a session that decoded before
+        keeps catalog caches, and with warm caches PostgreSQL sends more of a
+        transaction that it later finds rolled back (it stops decoding such a
+        transaction at its first catalog lookup). A re-run after a crash then
+        lands the same bytes as an uninterrupted run.
+        """
+        upto = None if upto_lsn is None else str(upto_lsn)
+        try:
+            with connect(self._dsn) as reader:
+                self.apply_settings(reader)
+                with reader.transaction(), reader.cursor("pgoutput_spark_peek", binary=True) as cursor:
+                    cursor.itersize = batch_rows
+                    cursor.execute(_PEEK, (self.slot, upto, limit, self.options.as_list()))
+                    while rows := cursor.fetchmany(batch_rows):
+                        yield [(lsn, xid, bytes(data)) for lsn, xid, data in rows]
+        except psycopg.Error as exc:
+            raise self._error("read", exc) from None
+
+    def advance(self, lsn: Lsn) -> None:
+        try:
+            self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, str(lsn)))
+        except psycopg.Error as exc:
+            raise self._error("advance", exc) from None
+
+    def _error(self, action: str, exc: psycopg.Error) -> CaptureError:
+        reason = _first_line(exc)
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            hint = "the role needs the REPLICATION attribute (or superuser)"
+        elif isinstance(exc, pg_errors.ObjectInUse):
+            hint = "another process (a subscriber or a walsender) is using the slot"
+        elif isinstance(exc, psycopg.OperationalError):
+            hint = "the connection to the server was lost; nothing of this chunk was landed, run again"
+        else:
+            hint = ""
+        return CaptureError(f"can't {action} {self.where}: {reason}" + (f" ({hint})" if hint else ""))

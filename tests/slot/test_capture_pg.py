@@ -1,0 +1,351 @@
+"""`pgoutput-spark capture` against real PostgreSQL 15 and 16 servers.
+
+The oracle is the server itself: a second slot created next to the captured
+one sees the same transactions, and PostgreSQL's own
+``pg_logical_slot_peek_binary_changes`` on it gives the expected bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pgoutput_spark.cli import main
+from pgoutput_spark.errors import CaptureError
+from pgoutput_spark.lsn import Lsn
+from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.landing import CAPTURE_SCHEMA, LANDING_INFO_FILE, ChunkFile
+from pgoutput_spark.slot.settings import SESSION_SETTINGS
+from pgoutput_spark.testing.pgcluster import PgCluster
+
+from ..plugins.postgres import new_database
+
+pytestmark = pytest.mark.postgres
+
+PUB = "cap_pub"
+
+
+def _setup(pg: PgCluster, *, slots: tuple[str, ...], two_phase: bool = False) -> str:
+    """A database with tables t and u in publication PUB, and slots named ``<db>_<slot>``
+    (slot names are cluster-wide)."""
+    db = new_database(pg, "capture")
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE u (id int, w text);"
+               f" CREATE PUBLICATION {PUB} FOR TABLE t, u", dbname=db)
+    for slot in slots:
+        pg.create_slot(f"{db}_{slot}", two_phase=two_phase, dbname=db)
+    return db
+
+
+def _plain_workload(pg: PgCluster, db: str, start: int) -> None:
+    """Small transactions, a large one, and two transactions that interleave."""
+    for i in range(start, start + 12):
+        with pg.connect(db, autocommit=False) as conn:
+            conn.execute("INSERT INTO t VALUES (%s, 'v')", (i,))
+            conn.execute("INSERT INTO u VALUES (%s, 'w')", (i,))
+    pg.execute(f"INSERT INTO u SELECT g, 'big' FROM generate_series({start}, {start + 60}) g", dbname=db)
+    with pg.connect(db, autocommit=False) as one, pg.connect(db, autocommit=False) as two:
+        one.execute("UPDATE t SET v = 'one' WHERE id = %s", (start,))
+        two.execute("DELETE FROM t WHERE id = %s", (start + 1,))
+        two.commit()
+        one.execute("UPDATE t SET v = 'one again' WHERE id = %s", (start + 2,))
+        one.commit()
+    pg.execute("SELECT pg_logical_emit_message(true, 'marker', 'transactional')", dbname=db)
+
+
+def _streamed_workload(pg: PgCluster, db: str, *, two_phase: bool) -> None:
+    """Streamed transactions (over logical_decoding_work_mem = 64kB) interleaved with small
+    ones, savepoint rollbacks, an aborted stream, and prepared transactions."""
+    pad = "x" * 300
+    with pg.connect(db, autocommit=False) as big, pg.connect(db, autocommit=False) as small:
+        big.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 400) g")
+        for i in range(3):
+            small.execute("INSERT INTO t VALUES (%s, 'small')", (1000 + i,))
+            small.commit()
+            big.execute("SAVEPOINT s")
+            big.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 300) g")
+            if i == 1:
+                big.execute("ROLLBACK TO SAVEPOINT s")
+        big.commit()
+    with pg.connect(db, autocommit=False) as aborted:
+        aborted.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 500) g")
+        aborted.rollback()
+    if two_phase:
+        for gid, finish, rows in (("commit me", "COMMIT", 400), ("roll me back", "ROLLBACK", 400),
+                                  ("small", "COMMIT", 1)):
+            with pg.connect(db, autocommit=False) as prepared:
+                prepared.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, {rows}) g")
+                prepared.execute("INSERT INTO t VALUES (%s, %s)", (2000 + len(gid), gid))
+                prepared.execute(f"PREPARE TRANSACTION '{gid}'")
+            pg.execute(f"{finish} PREPARED '{gid}'", dbname=db)
+    pg.execute("INSERT INTO t VALUES (3000, 'last')", dbname=db)
+
+
+def _landed(path: Path) -> pa.Table:
+    table = pa.concat_tables(pq.read_table(part) for part in sorted(path.glob("part-*.parquet")))
+    return table.replace_schema_metadata(None).combine_chunks()
+
+
+def _peeked(pg: PgCluster, db: str, slot: str, **options: Any) -> pa.Table:
+    messages = pg.peek_pgoutput(slot, publications=[PUB], dbname=db, **options)
+    return pa.table({"seq": [m.seq for m in messages], "lsn": [m.lsn for m in messages],
+                     "xid": [m.xid for m in messages], "data": [m.data for m in messages]},
+                    schema=CAPTURE_SCHEMA).combine_chunks()
+
+
+def _without_relations(table: pa.Table) -> list[tuple[int, int, bytes]]:
+    return [(row["lsn"], row["xid"], row["data"]) for row in table.to_pylist() if row["data"][:1] != b"R"]
+
+
+def _relations(table: pa.Table) -> set[bytes]:
+    return {data for data in table.column("data").to_pylist() if data[:1] == b"R"}
+
+
+def _assert_each_transaction_once(table: pa.Table) -> None:
+    """No streamed transaction starts twice, no transaction ends twice: nothing was landed twice."""
+    from pgoutput_spark import decode_message
+
+    started, ended = Counter(), Counter()
+    for data in table.column("data").to_pylist():
+        kind = data[:1]
+        if kind == b"S" and data[5] == 1:  # first_segment
+            started[decode_message(data).xid] += 1
+        elif kind in (b"C", b"c", b"P", b"p", b"K", b"r"):
+            message = decode_message(data)
+            ended[(kind, getattr(message, "end_lsn", None) or message.rollback_end_lsn)] += 1
+    assert started and max(started.values()) == 1, started
+    assert ended and max(ended.values()) == 1, ended
+
+
+def _confirmed(pg: PgCluster, db: str, slot: str) -> int:
+    rows = pg.query("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
+                    " WHERE slot_name = %s", (slot,), dbname=db)
+    return int(rows[0][0])
+
+
+def _chunk_ends(path: Path) -> list[tuple[bytes, int]]:
+    """(last message type, footer end_lsn) of every chunk file, in order."""
+    out = []
+    for part in sorted(path.glob("part-*.parquet")):
+        table = pq.read_table(part)
+        record = pq.read_metadata(part).metadata[b"pgoutput_spark.chunk"]
+        import json
+        out.append((table.column("data")[-1].as_py()[:1], json.loads(record)["end_lsn"]))
+    return out
+
+
+# -- landing equals what the server decodes ---------------------------------------------------------
+
+
+def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
+        pg15: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _setup(pg15, slots=("landed", "twin"))
+    landing = tmp_path / "landing"
+    _plain_workload(pg15, db, 0)
+    args = ["capture", "--landing", str(landing), "--slot", f"{db}_landed", "--publication", PUB,
+            "--dsn", pg15.conninfo(db), "--proto-version", "1", "--messages", "--chunk-size", "7"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "chunk 0: " in out and "MB behind the server" in out and "caught up with the server" in out
+    first_run = _landed(landing).num_rows
+    _plain_workload(pg15, db, 100)
+    result = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=7)
+    assert result.caught_up and result.chunks[0].first_seq == first_run
+
+    # Each chunk is a new decoding session, and pgoutput sends a table's Relation message
+    # again before its first change in a session (as to a subscriber that reconnects).
+    # Everything else is the twin slot's stream, message for message.
+    landed, expected = _landed(landing), _peeked(pg15, db, f"{db}_twin", proto_version=1, messages=True)
+    assert landed.column("seq").to_pylist() == list(range(landed.num_rows))
+    assert _without_relations(landed) == _without_relations(expected)
+    assert _relations(landed) == _relations(expected)
+    assert landed.num_rows > expected.num_rows  # the Relation messages sent again
+    ends = _chunk_ends(landing)
+    assert len(ends) > 10
+    assert all(kind == b"C" for kind, _ in ends)  # every chunk ends with a Commit
+    assert _confirmed(pg15, db, f"{db}_landed") == ends[-1][1]
+    again = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db))
+    assert again.messages == 0 and again.caught_up
+
+
+_KILL_AT_SECOND_ADVANCE = textwrap.dedent("""
+    import os, signal, sys
+    from pgoutput_spark.slot import source
+    from pgoutput_spark.slot.capture import capture_slot
+    advance, calls = source.SlotSource.advance, []
+    def killing_advance(self, lsn):
+        calls.append(lsn)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # the chunk file is in place, the slot not moved
+        advance(self, lsn)
+    source.SlotSource.advance = killing_advance
+    capture_slot(sys.argv[1], slot=sys.argv[2], dsn=sys.argv[3], chunk_size=40,
+                 publications=[sys.argv[4]], **eval(sys.argv[5]))
+""")
+
+
+@pytest.mark.parametrize("server", ["pg15", "pg16"])
+def test_killed_between_landing_a_chunk_and_advancing_the_slot(
+        server: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    pg: PgCluster = request.getfixturevalue(server)
+    options: dict[str, Any] = ({"proto_version": 3, "streaming": "on", "two_phase": True} if server == "pg15"
+                               else {"proto_version": 4, "streaming": "parallel", "two_phase": True})
+    db = _setup(pg, slots=("landed", "twin"), two_phase=True)
+    _streamed_workload(pg, db, two_phase=True)
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+
+    run = subprocess.run([sys.executable, "-c", _KILL_AT_SECOND_ADVANCE, str(killed), f"{db}_landed",
+                          pg.conninfo(db), PUB, repr(options)], capture_output=True, text=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    ends = _chunk_ends(killed)
+    assert len(ends) == 2 and _confirmed(pg, db, f"{db}_landed") == ends[0][1]
+
+    resumed = capture_slot(str(killed), slot=f"{db}_landed", dsn=pg.conninfo(db), chunk_size=40)
+    assert resumed.recovered and resumed.resumed_at == Lsn(ends[1][1]) and resumed.caught_up
+    capture_slot(str(whole), slot=f"{db}_twin", dsn=pg.conninfo(db), publications=[PUB], chunk_size=40, **options)
+
+    landed = _landed(killed)
+    assert landed.equals(_landed(whole))
+    assert landed.column("seq").to_pylist() == list(range(landed.num_rows))
+    _assert_each_transaction_once(landed)
+    kinds = {d[:1] for d in landed.column("data").to_pylist()}
+    assert {b"S", b"E", b"c", b"A", b"b", b"P", b"p", b"K", b"r"} <= kinds  # streams, aborts, two-phase
+    assert len(_chunk_ends(killed)) > 3
+
+
+def test_a_lost_connection_mid_chunk_lands_nothing_of_that_chunk(
+        pg15: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = _setup(pg15, slots=("landed", "twin"))
+    _plain_workload(pg15, db, 0)
+    landing, whole = tmp_path / "landing", tmp_path / "whole"
+    write = ChunkFile.write
+
+    def write_then_lose_the_server(self: ChunkFile, batch: pa.RecordBatch) -> None:
+        write(self, batch)
+        if self.chunk == 1:
+            pg15.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE query LIKE '%%pgoutput_spark_peek%%' AND pid <> pg_backend_pid()", dbname=db)
+
+    monkeypatch.setattr(ChunkFile, "write", write_then_lose_the_server)
+    with pytest.raises(CaptureError, match="connection to the server was lost; nothing of this chunk"):
+        capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), publications=[PUB],
+                     proto_version=1, chunk_size=20, batch_rows=3)
+    monkeypatch.undo()
+    assert sorted(p.name for p in landing.iterdir()) == [LANDING_INFO_FILE, "part-00000000.parquet"]
+
+    capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=20)
+    capture_slot(str(whole), slot=f"{db}_twin", dsn=pg15.conninfo(db), publications=[PUB], proto_version=1,
+                 chunk_size=20)
+    assert _landed(landing).equals(_landed(whole))
+
+
+def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_path: Path) -> None:
+    import json
+
+    db = _setup(pg16, slots=())
+    result = capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), publications=[PUB],
+                          create_slot=True)
+    assert result.messages == 0
+    info = json.loads((tmp_path / LANDING_INFO_FILE).read_text())
+    assert info["options"] == {"publications": [PUB], "proto_version": 4, "streaming": None,
+                               "two_phase": False, "messages": False, "binary": False, "origin": None}
+    assert info["slot"] == f"{db}_new_slot" and info["database"] == db
+    assert info["system_identifier"] == str(pg16.query("SELECT system_identifier FROM pg_control_system()")[0][0])
+    assert info["settings"] == {"client_encoding": "UTF8", "DateStyle": "ISO, YMD", "IntervalStyle": "postgres",
+                                "TimeZone": "UTC", "extra_float_digits": "3", "bytea_output": "hex",
+                                "lc_monetary": "C", "server_encoding": "UTF8"}
+    assert set(SESSION_SETTINGS) < set(info["settings"])
+    with pytest.raises(CaptureError, match="was landed with options = .* land into a new folder"):
+        capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), proto_version=2)
+
+
+# -- bad situations ---------------------------------------------------------------------------------
+
+
+def _capture_error(pg: PgCluster, db: str, landing: Path, **kwargs: Any) -> str:
+    kwargs = {"slot": f"{db}_s", "dsn": pg.conninfo(db), "publications": [PUB], **kwargs}
+    with pytest.raises(CaptureError) as info:
+        capture_slot(str(landing), **kwargs)
+    return str(info.value)
+
+
+def test_slot_and_publication_problems_are_named(pg15: PgCluster, tmp_path: Path) -> None:
+    db = _setup(pg15, slots=())
+    assert f"replication slot '{db}_missing' does not exist" in _capture_error(
+        pg15, db, tmp_path / "a", slot=f"{db}_missing")
+    pg15.create_slot(f"{db}_td", plugin="test_decoding", dbname=db)
+    assert "is a 'test_decoding' slot" in _capture_error(pg15, db, tmp_path / "b", slot=f"{db}_td")
+    assert "publication 'nope' does not exist" in _capture_error(
+        pg15, db, tmp_path / "c", publications=[PUB, "nope"], create_slot=True)
+    pg15.create_slot(f"{db}_plain", dbname=db)
+    assert "created without two_phase" in _capture_error(
+        pg15, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
+    assert "protocol version 4 needs PostgreSQL 16" in _capture_error(
+        pg15, db, tmp_path / "e", slot=f"{db}_plain", proto_version=4)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_slot_moved_on_by_someone_else_is_refused(pg15: PgCluster, tmp_path: Path) -> None:
+    db = _setup(pg15, slots=("s",))
+    _plain_workload(pg15, db, 0)
+    capture_slot(str(tmp_path), slot=f"{db}_s", dsn=pg15.conninfo(db), publications=[PUB], proto_version=1)
+    _plain_workload(pg15, db, 100)
+    pg15.get_pgoutput(f"{db}_s", publications=[PUB], proto_version=1, dbname=db)
+    assert "the messages in between were consumed by someone else" in _capture_error(pg15, db, tmp_path)
+
+
+def test_one_capture_per_slot_at_a_time(pg15: PgCluster, tmp_path: Path) -> None:
+    db = _setup(pg15, slots=("s",))
+    with pg15.connect(db) as other:
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"pgoutput_spark capture {db}_s",))
+        assert f"another pgoutput-spark capture is reading slot '{db}_s'" in _capture_error(pg15, db, tmp_path)
+
+
+def test_a_role_without_replication_is_told_what_it_lacks(pg15: PgCluster, tmp_path: Path) -> None:
+    db = _setup(pg15, slots=("s",))
+    pg15.execute("DO $$ BEGIN CREATE ROLE capture_weak LOGIN; EXCEPTION WHEN duplicate_object THEN NULL;"
+                 " END $$", dbname=db)
+    dsn = f"host={pg15.host} port={pg15.port} dbname={db} user=capture_weak"
+    message = _capture_error(pg15, db, tmp_path, dsn=dsn, proto_version=1)
+    assert "the role needs the REPLICATION attribute" in message
+
+
+def test_the_connection_string_never_shows_its_password(
+        pg15: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for dsn in (f"host={pg15.host} port=1 user=u password=hunter2 dbname=x", "password=hunter2 broken"):
+        code = main(["capture", "--landing", str(tmp_path), "--slot", "s", "--publication", PUB,
+                     "--dsn", dsn])
+        captured = capsys.readouterr()
+        assert code == 1 and "hunter2" not in captured.out + captured.err
+        assert captured.err.startswith("pgoutput-spark: error: ")
+
+
+@pytest.fixture(scope="module")
+def replica_level() -> Callable[[], PgCluster]:
+    with PgCluster.debian(15, settings={"wal_level": "replica"}) as cluster:
+        yield lambda: cluster
+
+
+def test_wal_level_below_logical_is_named(replica_level: Callable[[], PgCluster], tmp_path: Path) -> None:
+    pg = replica_level()
+    pg.execute(f"CREATE TABLE t (id int); CREATE PUBLICATION {PUB} FOR TABLE t")
+    assert "wal_level is 'replica'" in _capture_error(pg, "postgres", tmp_path, create_slot=True)
+
+
+def test_psycopg_is_only_imported_by_the_capture() -> None:
+    code = ("import sys, pgoutput_spark, pgoutput_spark.capture, pgoutput_spark.slot.landing;"
+            " sys.exit('psycopg' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
+
+
+

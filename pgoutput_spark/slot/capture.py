@@ -189,6 +189,7 @@ def capture_slot(
                     f"{source.where} is at {info.confirmed_flush} but {landing} ends at"
                     f" {Lsn(last.end_lsn)} (chunk {last.chunk}): the messages in between were consumed"
                     " by someone else; land into a new folder (and take a new snapshot)")
+        position = info.confirmed_flush if last is None else last.end_lsn
         next_chunk = 0 if last is None else last.chunk + 1
         next_seq = 0 if last is None else last.last_seq + 1
         want: int | None = None
@@ -198,7 +199,7 @@ def capture_slot(
             started = time.monotonic()
             chunk = target.new_chunk(next_chunk)
             try:
-                read, record = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows)
+                read, record = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows, position)
                 if record is None:
                     chunk.discard()
                     if read < want:  # decoding reached the end: what is left is unfinished
@@ -215,7 +216,7 @@ def capture_slot(
             result.chunks.append(record)
             if progress is not None:
                 progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started))
-            next_chunk, next_seq = next_chunk + 1, record.last_seq + 1
+            next_chunk, next_seq, position = next_chunk + 1, record.last_seq + 1, record.end_lsn
             if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):
                 result.caught_up = read < want and _at_end(source, stop_lsn)
                 break
@@ -229,22 +230,26 @@ def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
 
 
 def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,  # type: ignore[no-untyped-def]
-                batch_rows: int) -> tuple[int, ChunkRecord | None]:
-    """Peek up to the chunk's limit into `chunk`; return messages read and the record to commit."""
+                batch_rows: int, start_lsn: int) -> tuple[int, ChunkRecord | None]:
+    """Peek up to the chunk's limit into `chunk`; return messages read and the record to commit.
+
+    The chunk ends at the last boundary past `start_lsn` (the slot's position).
+    A session that starts decoding again can stream a transaction that ended
+    before that position (it was aborted, or committed and is then aborted
+    for the client): its Stream Abort has an older LSN and is no place to end,
+    or the slot would never move and each chunk would repeat it.
+    """
     boundaries = Boundaries()
     read = 0
     kept = 0
     kept_bytes = 0
     size = 0
-    end_lsn = -1
+    end_lsn = start_lsn
     for rows in source.peek(limit=limit, upto_lsn=stop_lsn, batch_rows=batch_rows):
         chunk.write(_batch(seq + read, rows))
         for i, (lsn, _xid, data) in enumerate(rows):
             size += len(data)
-            if boundaries.after(data):
-                if lsn < end_lsn:
-                    raise CaptureError(f"{source.where}: the transaction ending at seq {seq + read + i}"
-                                       f" has LSN {Lsn(lsn)}, before the previous one ({Lsn(end_lsn)})")
+            if boundaries.after(data) and lsn > end_lsn:
                 kept, kept_bytes, end_lsn = read + i + 1, size, lsn
         read += len(rows)
     _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary",

@@ -204,7 +204,7 @@ class SlotSource:
             hint = "the role needs the REPLICATION attribute (or superuser)"
         elif isinstance(exc, pg_errors.ObjectInUse):
             hint = "another process (a subscriber or a walsender) is using the slot"
-        elif isinstance(exc, psycopg.OperationalError):
+        elif exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P")):  # connection, shutdown
             hint = "the connection to the server was lost; nothing of this chunk was landed, run again"
         else:
             hint = ""

@@ -23,12 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import types as T
 
 from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.mirror.delta import SchemaChangeError, mirror_path
+from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster
 
@@ -42,8 +45,19 @@ Tables = dict[tuple[str, str], TableSnap]
 # -- captures ---------------------------------------------------------------------------------------
 
 
-def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]]) -> Iterator[
-        tuple[Workload, dict[int, list[CapturedMessage]]]]:
+def _landed(pg: PgCluster, db: str, slot: str, landing: Path, protocol: int,
+            options: dict[str, Any]) -> list[CapturedMessage]:
+    """The slot's messages as `pgoutput-spark capture` lands them, in chunks of about 1000."""
+    capture_slot(str(landing), slot=slot, dsn=pg.conninfo(db), publications=PUBLICATIONS,
+                 proto_version=protocol, chunk_size=1000, **options)
+    table = pa.concat_tables(pq.read_table(part) for part in sorted(landing.glob("part-*.parquet")))
+    return [CapturedMessage(**row) for row in table.to_pylist()]
+
+
+def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]],
+             landing: Path | None = None) -> Iterator[tuple[Workload, dict[int, list[CapturedMessage]]]]:
+    """Run the workload; capture it with each protocol: with `landing`, the first one through
+    `pgoutput-spark capture` (chunked, as it lands captures), the others with one peek."""
     db = new_database(pg, prefix)
     setup(pg, db)
     slots = {p: f"{db}_p{p}" for p in protocols}
@@ -51,19 +65,24 @@ def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]]) -
         pg.create_slot(slots[p], two_phase=bool(options.get("two_phase")), dbname=db)
     workload = drive(pg, db)
     captures = {p: pg.peek_pgoutput(slots[p], publications=PUBLICATIONS, proto_version=p, dbname=db, **options)
-                for p, options in protocols.items()}
+                for p, options in list(protocols.items())[landing is not None:]}
+    if landing is not None:
+        p, options = next(iter(protocols.items()))
+        captures[p] = _landed(pg, db, slots[p], landing, p, options)
     for slot in slots.values():
         pg.drop_slot(slot, dbname=db)
     yield workload, captures
 
 
 @pytest.fixture(scope="module")
-def pg15_captures(pg15: PgCluster) -> Iterator[tuple[Workload, dict[int, list[CapturedMessage]]]]:
-    """Protocols 2 (streamed) and 3 (streamed, two-phase) of one PostgreSQL 15 workload."""
+def pg15_captures(pg15: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        tuple[Workload, dict[int, list[CapturedMessage]]]]:
+    """Protocols 2 (streamed; landed by `pgoutput-spark capture`) and 3 (streamed, two-phase)
+    of one PostgreSQL 15 workload."""
     yield from _capture(pg15, "apply15", {
         2: {"streaming": "on", "messages": True},
         3: {"streaming": "on", "two_phase": True, "messages": True},
-    })
+    }, landing=tmp_path_factory.mktemp("landing15"))
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +338,9 @@ def _plain_type(t: T.DataType) -> str:
 
 
 def test_pg15_protocol_2_whole_capture_in_one_run(spark, pg15_captures, tmp_path):
-    """Landed in several files, applied in one run (streamed transactions whole within it).
+    """Landed by `pgoutput-spark capture` (chunks of about 1000 messages, each read in a
+    new decoding session), re-cut into several files, applied in one run (streamed
+    transactions whole within it).
 
     Protocol 1 is left out to keep the suite short: what it sends differently
     (large and prepared transactions as plain Begin .. Commit blocks) is the

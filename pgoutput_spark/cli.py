@@ -1,5 +1,6 @@
 """The ``pgoutput-spark`` command line.
 
+    pgoutput-spark snapshot --target ROOT --slot NAME --publication NAME [--dsn DSN] [--config ...]
     pgoutput-spark capture --landing PATH --slot NAME --publication NAME [--dsn DSN] [options]
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
@@ -38,6 +39,19 @@ def task_error(exc: BaseException) -> PgoutputSparkError | None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    snapshot = sub.add_parser("snapshot", help="create a slot and copy the published tables into new mirrors")
+    snapshot.add_argument("--config", help="configuration file (default: built-in defaults)")
+    snapshot.add_argument("--target", required=True, help="target root (the mirrors the apply job continues)")
+    snapshot.add_argument("--slot", required=True, help="pgoutput replication slot to create")
+    snapshot.add_argument("--publication", action="append", required=True, metavar="NAME",
+                          help="publication whose tables are copied (repeatable)")
+    snapshot.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
+    snapshot.add_argument("--two-phase", action="store_true", help="create the slot with two_phase")
+    snapshot.add_argument("--pipeline", help="pipeline name (Delta txnAppId prefix)")
+    snapshot.add_argument("--master", help="Spark master (default from the configuration)")
+    snapshot.add_argument("--quiet", action="store_true", help="no progress line per table")
+    for hidden in ("--capture", "--format", "--on-error", "--quarantine"):
+        snapshot.add_argument(hidden, help=argparse.SUPPRESS)
     capture = sub.add_parser("capture", help="land a replication slot's messages as capture files")
     capture.add_argument("--landing", required=True, help="Parquet folder the capture files go to")
     capture.add_argument("--slot", required=True, help="pgoutput replication slot to read")
@@ -114,6 +128,19 @@ def run_capture_command(args: argparse.Namespace) -> str:
                           two_phase=args.two_phase, messages=args.messages, binary=args.binary,
                           origin=args.origin, create_slot=args.create_slot, chunk_size=args.chunk_size,
                           until_lsn=args.until_lsn, max_messages=args.max_messages, progress=progress)
+    return result.render()
+
+
+def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
+    from .slot.snapshot import snapshot_tables
+    from .spark.session import build_spark_session
+
+    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    progress = None if args.quiet else (lambda table: print(table.render(), flush=True))
+    result = snapshot_tables(spark, args.target, slot=args.slot, publications=args.publication,
+                             dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
+                             table_path=config.apply.table_path, table_name=config.apply.table_name,
+                             progress=progress)
     return result.render()
 
 
@@ -218,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_changes_command(config, args.target))
         elif args.command == "apply":
             print(run_apply_command(config, args.target, args.parallelism))
+        elif args.command == "snapshot":
+            print(run_snapshot_command(config, args))
         elif args.command == "status":
             print(run_status_command(config, args.target))
         return 0

@@ -1,0 +1,90 @@
+"""Snapshot, capture and apply end to end: tables full before the slot, traffic during and after.
+
+PostgreSQL is the oracle: the apply workload fills every published table
+(every type, TOAST, FULL identity with duplicates, row filters, column lists,
+partitions, odd names, pgbench) before the slot exists; `snapshot_tables`
+creates the slot and copies the tables while other sessions keep committing;
+more traffic follows; `capture_slot` lands the slot and `run_apply` merges it.
+The mirrors must then equal PostgreSQL's tables, value for value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgoutput_spark import read_capture
+from pgoutput_spark.apply import run_apply
+from pgoutput_spark.errors import CaptureError
+from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot import snapshot
+from pgoutput_spark.slot.snapshot import TableCopy, snapshot_tables
+from pgoutput_spark.testing.pgcluster import PgCluster
+
+from ..plugins.postgres import new_database
+from .apply_workload import PUBLICATIONS, Driver, Workload, drive, setup
+from .test_apply_pg import Mirrors
+
+pytestmark = [pytest.mark.spark, pytest.mark.postgres]
+
+
+def test_snapshot_then_capture_then_apply_equals_the_source(
+        spark: Any, pg15: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = new_database(pg15, "snapshot")
+    setup(pg15, db)
+    drive(pg15, db)  # every table full before the slot exists
+    slot, target, landing = f"{db}_slot", str(tmp_path / "target"), str(tmp_path / "landing")
+    during = Driver(pg15, db)
+    copied: list[TableCopy] = []
+    create_slot = snapshot._create_slot
+
+    def create_slot_then_commit(*args: Any) -> Any:
+        created = create_slot(*args)  # before the first COPY: only the exported snapshot hides this
+        during.txn("UPDATE keyswap SET n = n + 1000 WHERE id % 2 = 1",
+                   "UPDATE pgbench_tellers SET tbalance = tbalance - 3",
+                   "INSERT INTO logonly VALUES ('as the slot was created', 0, now())")
+        return created
+
+    monkeypatch.setattr(snapshot, "_create_slot", create_slot_then_commit)
+
+    def traffic_while_copying(table: TableCopy) -> None:
+        copied.append(table)
+        if len(copied) == 1:  # tables copied already and tables not copied yet change now
+            during.txn("UPDATE keyswap SET n = n + 100 WHERE id % 2 = 0",
+                       "DELETE FROM pgbench_accounts WHERE aid <= 50",
+                       "UPDATE pgbench_branches SET bbalance = bbalance + 7",
+                       "INSERT INTO logonly VALUES ('during the snapshot', 1, now())")
+
+    result = snapshot_tables(spark, target, slot=slot, publications=PUBLICATIONS, dsn=pg15.conninfo(db),
+                             progress=traffic_while_copying)
+    assert len(result.tables) == len(copied) > 10 and sum(t.rows for t in copied) > 100_000
+    during.txn("UPDATE types_t SET t = 'after the snapshot' WHERE id = 1",
+               "DELETE FROM keyswap WHERE id % 3 = 0",
+               "INSERT INTO logonly VALUES ('after the snapshot', 2, now())")
+    during.untracked(lambda: pg15.run_pgbench(["-c", "2", "-t", "50"], db))
+    expected = during._tables()
+    during.close()
+
+    capture_slot(landing, slot=slot, dsn=pg15.conninfo(db), publications=PUBLICATIONS, proto_version=2,
+                 streaming="on", messages=True, chunk_size=500)
+    applied = run_apply(spark, read_capture(spark, landing), target)
+    assert applied.to_lsn is not None and applied.to_lsn > result.consistent_point
+    final = Workload(db, snapshots={0: expected})  # no dropped columns: they went before the slot
+    Mirrors(spark, target, final).assert_equal(expected, "the end of the traffic")
+    pg15.drop_slot(slot, dbname=db)
+
+
+def test_a_snapshot_refuses_existing_mirrors_and_slots(spark: Any, pg15: PgCluster, tmp_path: Path) -> None:
+    db = new_database(pg15, "snapshot")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t", dbname=db)
+    slot = f"{db}_slot"
+    snapshot_tables(spark, str(tmp_path), slot=slot, publications=["p"], dsn=pg15.conninfo(db))
+    with pytest.raises(CaptureError, match=f"replication slot '{slot}' exists already"):
+        snapshot_tables(spark, str(tmp_path), slot=slot, publications=["p"], dsn=pg15.conninfo(db))
+    with pytest.raises(CaptureError, match="public.t: a mirror exists at .*a snapshot starts a new pipeline"):
+        snapshot_tables(spark, str(tmp_path), slot=f"{slot}_2", publications=["p"], dsn=pg15.conninfo(db))
+    assert [r[0] for r in pg15.query("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
+                                     (f"{db}%",))] == [slot]  # the refused snapshot created no slot
+    pg15.drop_slot(slot, dbname=db)

@@ -2,13 +2,14 @@
 
     pgoutput-spark snapshot --target ROOT --slot NAME --publication NAME [--dsn DSN] [--config ...]
     pgoutput-spark capture --landing PATH --slot NAME --publication NAME [--dsn DSN] [options]
+    pgoutput-spark verify --target ROOT --landing PATH [--dsn DSN] [--keys] [--config ...]
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
     pgoutput-spark apply --target ROOT [--config conf/local.yaml] [--capture PATH]
     pgoutput-spark status --target ROOT [--config conf/local.yaml]
 
 Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
-bad arguments.
+bad arguments, 3 when ``verify`` finds a mirror that differs from its source.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--quiet", action="store_true", help="no progress line per table")
     for hidden in ("--capture", "--format", "--on-error", "--quarantine"):
         snapshot.add_argument(hidden, help=argparse.SUPPRESS)
+    verify = sub.add_parser("verify", help="compare each mirror with its live source table")
+    verify.add_argument("--config", help="configuration file (default: built-in defaults)")
+    verify.add_argument("--target", required=True, help="target root of the mirrors")
+    verify.add_argument("--landing", required=True, help="the capture landing (names slot and publications)")
+    verify.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
+    verify.add_argument("--keys", action="store_true", help="list the keys of differing rows")
+    verify.add_argument("--pipeline", help="pipeline name (Delta txnAppId prefix)")
+    verify.add_argument("--master", help="Spark master (default from the configuration)")
+    for hidden in ("--capture", "--format", "--on-error", "--quarantine"):
+        verify.add_argument(hidden, help=argparse.SUPPRESS)
     capture = sub.add_parser("capture", help="land a replication slot's messages as capture files")
     capture.add_argument("--landing", required=True, help="Parquet folder the capture files go to")
     capture.add_argument("--slot", required=True, help="pgoutput replication slot to read")
@@ -142,6 +153,17 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
                              progress=progress)
     return result.render()
+
+
+def run_verify_command(config: Config, args: argparse.Namespace) -> tuple[str, bool]:
+    """The rendered comparison, and whether no table differs."""
+    from .slot.verify import verify_mirrors
+    from .spark.session import build_spark_session
+
+    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    result = verify_mirrors(spark, args.target, args.landing, dsn=args.dsn, pipeline=config.changes.pipeline,
+                            table_path=config.apply.table_path, keys=args.keys)
+    return result.render(), not result.differing
 
 
 def _capture(config: Config):  # type: ignore[no-untyped-def]
@@ -247,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_apply_command(config, args.target, args.parallelism))
         elif args.command == "snapshot":
             print(run_snapshot_command(config, args))
+        elif args.command == "verify":
+            text, ok = run_verify_command(config, args)
+            print(text)
+            return 0 if ok else 3
         elif args.command == "status":
             print(run_status_command(config, args.target))
         return 0

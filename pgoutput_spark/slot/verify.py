@@ -181,7 +181,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
         path = mirror_path(target, table.schema, table.name, template)
         rows, total, key_rows = sides[table.oid]
         check = TableCheck(name, path, "equal", rows, source_hash=total)
-        mirror = _mirror_side(spark, path, table, [table.columns[i][0] for i in key_positions[table.oid]])
+        mirror = _mirror_side(spark, path, table, key_positions[table.oid])
         if mirror is not None:
             check.mirror_rows, check.mirror_hash, mirror_keys = mirror
         else:
@@ -242,17 +242,20 @@ def _collect_keys(by_key: dict[str, list[int]], key_batch: Any, hashes: np.ndarr
         by_key.setdefault(key.decode(errors="replace"), []).append(h)
 
 
-def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_names: list[str]) -> tuple[
+def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_positions: list[int]) -> tuple[
         int, int, dict[str, list[int]]] | None:
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
+    from ..mirror.delta import quote
 
     if not _is_delta(spark, path):
         return None
     frame = spark.read.format("delta").load(path)
     present = set(frame.columns)
-    columns = [F.col(f"`{n}`") if n in present else F.lit(None).alias(n) for n, _, _ in table.columns]
+    # by position: mapInArrow cannot take some column names ("a.b")
+    columns = [(F.col(quote(n)) if n in present else F.lit(None)).alias(f"c{i}")
+               for i, (n, _, _) in enumerate(table.columns)]
     frame = frame.select(*columns)
 
     def hashed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -267,9 +270,9 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_name
     rows = sum(r["rows"] for r in parts)
     total = sum(int(r["hash"]) for r in parts) % (1 << 64)
     by_key: dict[str, list[int]] = {}
-    if key_names and rows:  # on request only: the mirror's rows come to the driver
+    if key_positions and rows:  # on request only: the mirror's rows come to the driver
         data = frame.toArrow()
-        _collect_keys(by_key, data.select(key_names), row_hashes(data))
+        _collect_keys(by_key, data.select(key_positions), row_hashes(data))
     return rows, total, by_key
 
 

@@ -21,6 +21,7 @@ from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot import snapshot
 from pgoutput_spark.slot.snapshot import TableCopy, snapshot_tables
+from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
@@ -73,6 +74,9 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     assert applied.to_lsn is not None and applied.to_lsn > result.consistent_point
     final = Workload(db, snapshots={0: expected})  # no dropped columns: they went before the slot
     Mirrors(spark, target, final).assert_equal(expected, "the end of the traffic")
+    # verify agrees, over every type of the workload
+    verified = verify_mirrors(spark, target, landing, dsn=pg15.conninfo(db))
+    assert {t.state for t in verified.tables} == {"equal"}, verified.render()
     pg15.drop_slot(slot, dbname=db)
 
 

@@ -172,6 +172,15 @@ class Ledger:
         self.pending_path = f"{self.root}/_pgoutput/pending"
         self.quarantine_path = f"{self.root}/_pgoutput/quarantine"
         self.skipped_path = f"{self.root}/_pgoutput/skipped"
+        self.snapshots_path = f"{self.root}/_pgoutput/snapshots"
+
+    def starts(self) -> dict[int, int]:
+        """Relation OID -> the LSN a (re-)snapshot left its mirror at (`slot.snapshot`)."""
+        if not _is_delta(self.spark, self.snapshots_path):
+            return {}
+        rows = self.spark.read.format("delta").load(self.snapshots_path).where(
+            F.col("pipeline") == self.pipeline).groupBy("relation_id").agg(F.max("lsn")).collect()
+        return {r[0]: r[1] for r in rows}
 
     def lease(self) -> Lease:
         if not _is_delta(self.spark, self.lease_path):
@@ -317,6 +326,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step("save relations"):
                 _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
+        starts = ledger.starts() if relations else {}
         if relations:
             assert to_lsn is not None
             metadata = {"pipeline": ledger.pipeline, "lo_seq": lo, "hi_seq": hi,
@@ -331,7 +341,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 for i, oid in enumerate(oids):
                     # A later relation on the same path finds the mirror as the earlier one left it.
                     plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path)
-                    out.append(_mirror_table(session, ledger, committed, history, oid, plan, kinds[oid],
+                    # A (re-)snapshot at S holds every transaction that committed before S.
+                    rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
+                    out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
                                              to_lsn, metadata, redone))
                     if oid in names:
                         register(session, names[oid], plan.path)

@@ -124,6 +124,13 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
         format = "delta" if _is_delta(spark, path) else "parquet"
     if format == "parquet":
         check_landing(spark, path)
+    else:
+        from .slot.delta_landing import landing_info
+        from .slot.settings import check_session_settings
+
+        info = landing_info(spark, path)
+        if info is not None:
+            check_session_settings(info.get("settings") or {}, source=path)
     if format not in ("parquet", "delta"):
         raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
     reader = spark.read.format(format)

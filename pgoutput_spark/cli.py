@@ -1,6 +1,7 @@
 """The ``pgoutput-spark`` command line.
 
     pgoutput-spark snapshot --target ROOT --slot NAME --publication NAME [--dsn DSN] [--config ...]
+    pgoutput-spark snapshot --target ROOT --table SCHEMA.TABLE --publication NAME [--dsn DSN]
     pgoutput-spark capture --landing PATH --slot NAME --publication NAME [--dsn DSN] [options]
     pgoutput-spark verify --target ROOT --landing PATH [--dsn DSN] [--keys] [--config ...]
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from .capture import CaptureColumns, read_capture
 from .config import Config, load_config
-from .errors import DecodeError, PgoutputSparkError
+from .errors import ConfigError, DecodeError, PgoutputSparkError
 
 _TASK_ERROR = re.compile(r"pgoutput_spark\.errors\.(\w+): (.*)")
 
@@ -43,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     snapshot = sub.add_parser("snapshot", help="create a slot and copy the published tables into new mirrors")
     snapshot.add_argument("--config", help="configuration file (default: built-in defaults)")
     snapshot.add_argument("--target", required=True, help="target root (the mirrors the apply job continues)")
-    snapshot.add_argument("--slot", required=True, help="pgoutput replication slot to create")
+    snapshot.add_argument("--slot", help="pgoutput replication slot to create (a new pipeline)")
+    snapshot.add_argument("--table", action="append", metavar="SCHEMA.TABLE",
+                          help="re-snapshot this table of a running pipeline instead (repeatable)")
     snapshot.add_argument("--publication", action="append", required=True, metavar="NAME",
                           help="publication whose tables are copied (repeatable)")
     snapshot.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
@@ -64,7 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     for hidden in ("--capture", "--format", "--on-error", "--quarantine"):
         verify.add_argument(hidden, help=argparse.SUPPRESS)
     capture = sub.add_parser("capture", help="land a replication slot's messages as capture files")
-    capture.add_argument("--landing", required=True, help="Parquet folder the capture files go to")
+    capture.add_argument("--landing", required=True, help="Parquet folder (or Delta table) the capture goes to")
+    capture.add_argument("--landing-format", choices=["parquet", "delta"], default="parquet",
+                         help="parquet: a folder of chunk files; delta: one append per chunk (starts Spark)")
+    capture.add_argument("--config", help="configuration file (Spark settings for a Delta landing)")
+    capture.add_argument("--master", help="Spark master (Delta landing; default from the configuration)")
     capture.add_argument("--slot", required=True, help="pgoutput replication slot to read")
     capture.add_argument("--publication", action="append", metavar="NAME",
                          help="publication to decode (repeatable; default: the landing's)")
@@ -133,8 +140,15 @@ def _parser() -> argparse.ArgumentParser:
 def run_capture_command(args: argparse.Namespace) -> str:
     from .slot.capture import capture_slot
 
+    spark = None
+    if args.landing_format == "delta":
+        from .spark.session import build_spark_session
+
+        config = load_config(args.config)
+        spark = build_spark_session(master=args.master or config.spark.master, conf=config.spark.conf)
     progress = None if args.quiet else (lambda chunk: print(chunk.render(), flush=True))
     result = capture_slot(args.landing, slot=args.slot, publications=args.publication, dsn=args.dsn,
+                          format=args.landing_format, spark=spark,
                           proto_version=args.proto_version, streaming=args.streaming,
                           two_phase=args.two_phase, messages=args.messages, binary=args.binary,
                           origin=args.origin, create_slot=args.create_slot, chunk_size=args.chunk_size,
@@ -148,7 +162,10 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
 
     spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
     progress = None if args.quiet else (lambda table: print(table.render(), flush=True))
-    result = snapshot_tables(spark, args.target, slot=args.slot, publications=args.publication,
+    if (args.slot is None) == (args.table is None):
+        raise ConfigError("snapshot: pass --slot (a new pipeline) or --table (a re-snapshot), not both")
+    result = snapshot_tables(spark, args.target, slot=args.slot, tables=args.table,
+                             publications=args.publication,
                              dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
                              progress=progress)

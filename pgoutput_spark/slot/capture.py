@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
@@ -30,9 +31,13 @@ from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError
 from ..lsn import Lsn
+from .delta_landing import DeltaLanding
 from .landing import CAPTURE_SCHEMA, ChunkRecord, ParquetLanding
 from .options import PluginOptions
 from .source import SlotSource, connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["CaptureResult", "ChunkProgress", "capture_slot"]
 
@@ -147,8 +152,13 @@ def capture_slot(
     max_messages: int | None = None,
     batch_rows: int = 10_000,
     progress: Callable[[ChunkProgress], None] | None = None,
+    format: Literal["parquet", "delta"] = "parquet",
+    spark: SparkSession | None = None,
 ) -> CaptureResult:
-    """Land the slot's pending messages into the Parquet folder `landing`; return what was landed.
+    """Land the slot's pending messages into `landing`; return what was landed.
+
+    `landing` is a Parquet folder, or with ``format="delta"`` a Delta table
+    that each chunk appends to (through `spark`).
 
     Options left as None continue the landing's recorded ones (a new landing:
     the highest protocol version the server speaks, everything else off);
@@ -161,7 +171,14 @@ def capture_slot(
     if chunk_size < 1 or batch_rows < 1:
         raise CaptureError("chunk_size and batch_rows must be 1 or more")
     stop_lsn = None if until_lsn is None else Lsn(until_lsn)
-    target = ParquetLanding(landing)
+    if format == "delta":
+        if spark is None:
+            raise CaptureError("a Delta landing needs a Spark session")
+        target: ParquetLanding | DeltaLanding = DeltaLanding(spark, landing)
+    elif format == "parquet":
+        target = ParquetLanding(landing)
+    else:
+        raise CaptureError(f"landing format must be parquet or delta, got {format!r}")
     recorded = target.info()
     conn = connect(dsn)
     with conn:

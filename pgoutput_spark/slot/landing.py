@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -73,14 +73,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class ChunkFile:
-    """A chunk being written: rows go to a hidden file until `commit` renames it into place."""
+Publish = Callable[[Path, ChunkRecord], str]
 
-    def __init__(self, landing: ParquetLanding, chunk: int, *, compression: str) -> None:
-        self._landing = landing
+
+class ChunkFile:
+    """A chunk being written: rows go to a hidden file in `directory` until `commit` publishes it.
+
+    `publish` makes the finished file part of the landing (a rename into
+    place, or a Delta append) and returns where it went.
+    """
+
+    def __init__(self, directory: Path, chunk: int, *, compression: str, publish: Publish) -> None:
+        self._directory = directory
+        self._publish = publish
         self.chunk = chunk
         self._compression = compression
-        self._temp = landing.path / f"{_TEMP_PREFIX}{chunk:08d}-{os.getpid()}.parquet"
+        self._temp = directory / f"{_TEMP_PREFIX}{chunk:08d}-{os.getpid()}.parquet"
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self._temp, CAPTURE_SCHEMA, compression=compression)
         self.rows = 0
@@ -90,8 +98,8 @@ class ChunkFile:
         self._writer.write_batch(batch)
         self.rows += batch.num_rows
 
-    def commit(self, record: ChunkRecord) -> Path:
-        """Keep the first ``record.messages`` rows, durably, as ``part-<chunk>.parquet``."""
+    def commit(self, record: ChunkRecord) -> str:
+        """Keep the first ``record.messages`` rows (the record in the footer) and publish them."""
         assert self._writer is not None and record.chunk == self.chunk
         keep = record.messages
         if keep == self.rows:
@@ -111,18 +119,16 @@ class ChunkFile:
                     keep -= min(keep, batch.num_rows)
                 out.add_key_value_metadata({_CHUNK_KEY: record.as_json()})
             self._temp.unlink()
-        with open(source, "rb") as handle:
-            os.fsync(handle.fileno())
-        target = self._landing.part_path(self.chunk)
-        os.replace(source, target)
-        _fsync_dir(self._landing.path)
-        return target
+        try:
+            return self._publish(source, record)
+        finally:
+            source.unlink(missing_ok=True)
 
     def discard(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        for leftover in self._landing.path.glob(f"{self._temp.stem}*"):
+        for leftover in self._directory.glob(f"{self._temp.stem}*"):
             leftover.unlink()
 
 
@@ -203,5 +209,13 @@ class ParquetLanding:
             leftover.unlink()
 
     def new_chunk(self, chunk: int, *, compression: str = "zstd") -> ChunkFile:
-        return ChunkFile(self, chunk, compression=compression)
+        return ChunkFile(self.path, chunk, compression=compression, publish=self._publish)
+
+    def _publish(self, source: Path, record: ChunkRecord) -> str:
+        with open(source, "rb") as handle:
+            os.fsync(handle.fileno())
+        target = self.part_path(record.chunk)
+        os.replace(source, target)
+        _fsync_dir(self.path)
+        return str(target)
 

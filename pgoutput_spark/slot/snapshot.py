@@ -16,6 +16,7 @@ Memory stays at one batch whatever the table's size.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -134,13 +135,20 @@ def _type_names(conn: psycopg.Connection[Any], columns: list[tuple[str, int, int
 
 @dataclass(frozen=True)
 class TableCopy:
+    """A table's copy: finished (`done`), or in progress (`stage` copying or converting so far)."""
+
     table: str
     path: str
     rows: int
     bytes: int
     seconds: float
+    done: bool = True
+    stage: str = "copied"
 
     def render(self) -> str:
+        if not self.done:
+            return (f"{self.table}: {self.stage} ... {self.rows:,} rows, {self.bytes / 1e6:.1f} MB of text"
+                    f" so far ({self.seconds:.1f} s)")
         return (f"{self.table}: {self.rows:,} rows ({self.bytes / 1e6:.1f} MB of text) in"
                 f" {self.seconds:.1f} s -> {self.path}")
 
@@ -150,19 +158,32 @@ class SnapshotResult:
     slot: str
     consistent_point: Lsn
     snapshot_name: str
+    replaced: bool = False
     tables: list[TableCopy] = field(default_factory=list)
 
     def render(self) -> str:
-        lines = [f"slot {self.slot!r} created at {self.consistent_point} (snapshot {self.snapshot_name});"
-                 f" {len(self.tables)} table(s), {sum(t.rows for t in self.tables):,} rows copied"]
+        copied = f"{len(self.tables)} table(s), {sum(t.rows for t in self.tables):,} rows copied"
+        if self.replaced:
+            lines = [f"re-snapshot as of {self.consistent_point}: {copied}"]
+        else:
+            lines = [f"slot {self.slot!r} created at {self.consistent_point} (snapshot {self.snapshot_name});"
+                     f" {copied}"]
         lines += [f"  {t.render()}" for t in self.tables]
-        lines.append(f"  next: pgoutput-spark capture --slot {self.slot} ..., then apply: changes start"
-                     f" after {self.consistent_point}")
+        if self.replaced:
+            lines.append(f"  the apply skips these tables' changes committed before {self.consistent_point}")
+        else:
+            lines.append(f"  next: pgoutput-spark capture --slot {self.slot} ..., then apply: changes start"
+                         f" after {self.consistent_point}")
         return "\n".join(lines)
 
 
-def _create_slot(dsn: str | None, slot: str, two_phase: bool) -> tuple[psycopg.Connection[Any], Lsn, str]:
-    """A replication connection that created `slot` and exported its snapshot (kept open)."""
+def _create_slot(dsn: str | None, slot: str, two_phase: bool, temporary: bool = False) -> tuple[
+        psycopg.Connection[Any], Lsn, str]:
+    """A replication connection that created `slot` and exported its snapshot (kept open).
+
+    A `temporary` slot only marks a WAL position with a snapshot of it, and
+    goes away with the connection.
+    """
     try:
         conn = psycopg.connect(dsn or "", autocommit=True, replication="database")
     except psycopg.ProgrammingError:
@@ -176,7 +197,8 @@ def _create_slot(dsn: str | None, slot: str, two_phase: bool) -> tuple[psycopg.C
         options = "EXPORT_SNAPSHOT"
     try:
         cursor = psycopg.ClientCursor(conn)  # the walsender takes the simple query protocol only
-        cursor.execute(f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput {options}")
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+        cursor.execute(f"CREATE_REPLICATION_SLOT {quote_ident(slot)} {kind} pgoutput {options}")
         _, point, snapshot, _ = cursor.fetchone()  # type: ignore[misc]
     except psycopg.Error as exc:
         conn.close()
@@ -188,8 +210,9 @@ def snapshot_tables(
     spark: SparkSession,
     target: str,
     *,
-    slot: str,
+    slot: str | None = None,
     publications: Sequence[str],
+    tables: Sequence[str] | None = None,
     dsn: str | None = None,
     two_phase: bool = False,
     pipeline: str = "default",
@@ -205,40 +228,68 @@ def snapshot_tables(
     consistent point, so the apply continues from there. A mirror that exists
     already is an error (nothing is created then): the snapshot starts a
     pipeline.
+
+    With `tables` (``schema.name``, as published) it re-snapshots those tables
+    of a running pipeline instead: a temporary slot marks the WAL position
+    ``S`` and exports its snapshot, each table's mirror is overwritten (rows
+    and columns) with the source as of ``S``, and ``S`` is recorded in
+    ``_pgoutput/snapshots`` so that the apply skips that table's changes
+    committed before ``S``. The pipeline's slot, capture and other mirrors are
+    not touched. For a column added with a DEFAULT, for example.
     """
     from ..mirror.delta import DEFAULT_TABLE_PATH, apply_schema, catalog_name, mirror_path, plan_schema, register
 
+    if (slot is None) == (tables is None):
+        raise CaptureError("pass either slot (a new pipeline) or tables (a re-snapshot), not both")
     template = table_path or DEFAULT_TABLE_PATH
+    replace = tables is not None
+    slot_name = slot if slot is not None else f"pgoutput_spark_resnapshot_{os.getpid()}"
     check = connect(dsn)
     with check:
-        source = SlotSource(check, slot, PluginOptions(tuple(publications), 1), dsn)
+        source = SlotSource(check, slot_name, PluginOptions(tuple(publications), 1), dsn)
         source.check_server()
-        if source.slot_info() is not None:
-            raise CaptureError(f"replication slot {slot!r} exists already: a snapshot creates its slot"
+        if not replace and source.slot_info() is not None:
+            raise CaptureError(f"replication slot {slot_name!r} exists already: a snapshot creates its slot"
                                " (drop it, or choose another name)")
-        tables = published_tables(check, publications)
+        chosen = published_tables(check, publications)
+        if replace:
+            by_name = {f"{t.schema}.{t.name}": t for t in chosen}
+            missing = [name for name in tables or () if name not in by_name]
+            if missing:
+                raise CaptureError(f"{missing[0]} is not a table of publication(s) {', '.join(publications)}"
+                                   " (name it schema.table, as published)")
+            chosen = [by_name[name] for name in dict.fromkeys(tables or ())]
         plans = {}
-        for table in tables:
+        for table in chosen:
             columns = [(name, arrow_type(t)) for (name, _, _), t in zip(table.columns, table.pg_types())]
             path = mirror_path(target, table.schema, table.name, template)
             plan = plan_schema(spark, path, f"{table.schema}.{table.name}", columns)
-            if plan.exists:
+            if plan.exists and not replace:
                 raise CaptureError(f"{table.schema}.{table.name}: a mirror exists at {path}; a snapshot"
-                                   " starts a new pipeline into new mirrors")
+                                   " starts a new pipeline into new mirrors (re-snapshot it with tables=)")
             plans[table.oid] = plan
-    replication, point, snapshot = _create_slot(dsn, slot, two_phase)
-    result = SnapshotResult(slot, point, snapshot)
+    replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace)
+    result = SnapshotResult(slot_name, point, snapshot, replaced=replace)
     try:
         reader = connect(dsn)
         with reader:
             source.apply_settings(reader)
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             reader.execute("SET TRANSACTION SNAPSHOT %s" % _literal(snapshot))
-            for table in tables:
+            for table in chosen:
                 started = time.monotonic()
                 plan = plans[table.oid]
-                apply_schema(spark, plan)
-                rows, size = _copy_into(spark, reader, table, plan, target, pipeline, point, batch_bytes)
+                if not plan.exists:
+                    apply_schema(spark, plan)
+                def partial(stage: str, rows: int, size: int) -> None:
+                    if progress is not None:
+                        progress(TableCopy(f"{table.schema}.{table.name}", plan.path, rows, size,  # noqa: B023
+                                           time.monotonic() - started, done=False, stage=stage))
+
+                rows, size = _copy_into(spark, reader, table, plan, target, pipeline, point, batch_bytes,
+                                        replace=plan.exists, partial=partial)
+                if replace:  # a new pipeline's slot starts at `point`: nothing to skip
+                    _record_start(spark, target, pipeline, table, point)
                 if table_name:
                     register(spark, catalog_name(table_name, table.schema, table.name), plan.path)
                 copied = TableCopy(f"{table.schema}.{table.name}", plan.path, rows, size,
@@ -256,10 +307,28 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _record_start(spark: SparkSession, target: str, pipeline: str, table: PublishedTable, point: Lsn) -> None:
+    """Note in ``_pgoutput/snapshots`` that the table's mirror holds the source as of `point`."""
+    from pyspark.sql import functions as F
+
+    row = [(pipeline, table.oid, f"{table.schema}.{table.name}", int(point))]
+    (spark.createDataFrame(row, "pipeline string, relation_id long, table string, lsn long")
+     .withColumn("snapshot_at", F.current_timestamp())
+     .write.format("delta").mode("append").save(snapshots_path(target)))
+
+
+def snapshots_path(target: str) -> str:
+    return f"{target.rstrip('/')}/_pgoutput/snapshots"
+
+
 def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: PublishedTable, plan: Any,
-               target: str, pipeline: str, point: Lsn, batch_bytes: int) -> tuple[int, int]:
-    """COPY one table into its (new, empty) mirror; return rows and bytes of text copied."""
-    from ..mirror.delta import TableSpec, append
+               target: str, pipeline: str, point: Lsn, batch_bytes: int, *, replace: bool,
+               partial: Callable[[str, int, int], None]) -> tuple[int, int]:
+    """COPY one table into its mirror (new and empty, or to `replace`); return rows and bytes copied.
+
+    `partial` hears of every `batch_bytes` of text received and every block converted.
+    """
+    from ..mirror.delta import METADATA_KEY, TableSpec, append
     from pyspark.sql.pandas.types import from_arrow_schema
 
     work = Path(target) / "_pgoutput" / "snapshot" / str(table.oid)
@@ -269,22 +338,40 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
         text = work / "copy.csv"
         with open(text, "wb") as out, reader.cursor().copy(
                 f"COPY ({table.select()}) TO STDOUT (FORMAT csv)") as copy:
+            received = reported = 0
             for block in copy:
                 out.write(block)
+                received += len(block)
+                if received - reported >= batch_bytes:
+                    partial("copying", 0, received)
+                    reported = received
         size = text.stat().st_size
-        if size == 0:
+        if size == 0 and not replace:
             return 0, 0
-        schema = pa.schema(plan.columns)
+        schema = pa.schema(plan.columns if not replace else
+                           [(n, arrow_type(t)) for (n, _, _), t in zip(table.columns, table.pg_types())])
         rows = 0
         with pq.ParquetWriter(work / "rows.parquet", schema) as writer:
-            for batch in _parsed(text, table, schema, batch_bytes):
-                writer.write_batch(batch)
-                rows += batch.num_rows
+            if size:
+                for batch in _parsed(text, table, schema, batch_bytes):
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+                    partial("converting", rows, size)
         os.remove(text)
         frame = spark.read.schema(from_arrow_schema(schema, prefer_timestamp_ntz=True)).parquet(str(work))
-        spec = TableSpec("multiset", (), tuple(name for name, _ in plan.columns))
-        append(plan.path, frame, spec, app_id=f"{pipeline}:relation:{table.oid}", version=int(point),
-               metadata={"pipeline": pipeline, "snapshot": True, "to_lsn": int(point)})
+        # The mirror holds every transaction that committed before `point` (a commit record can
+        # start at `point`): it is applied up to point - 1, the version the apply's MERGE must pass.
+        version = int(point) - 1
+        app_id, metadata = f"{pipeline}:relation:{table.oid}", {"pipeline": pipeline, "snapshot": True,
+                                                                "to_lsn": version}
+        if replace:  # one commit: readers see the old rows or the new ones
+            (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+             .option("txnAppId", app_id).option("txnVersion", version)
+             .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
+             .save(plan.path))
+        else:
+            spec = TableSpec("multiset", (), tuple(name for name, _ in plan.columns))
+            append(plan.path, frame, spec, app_id=app_id, version=version, metadata=metadata)
         return rows, size
     finally:
         shutil.rmtree(work, ignore_errors=True)

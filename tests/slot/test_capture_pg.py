@@ -178,6 +178,23 @@ def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
     assert again.messages == 0 and again.caught_up
 
 
+def test_stop_after_some_messages_or_at_an_lsn(pg15: PgCluster, tmp_path: Path) -> None:
+    db = _setup(pg15, slots=("landed", "twin"))
+    _plain_workload(pg15, db, 0)
+    middle = int(pg15.query("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8", dbname=db)[0][0])
+    _plain_workload(pg15, db, 100)
+    landing, common = str(tmp_path), {"slot": f"{db}_landed", "dsn": pg15.conninfo(db)}
+    first = capture_slot(landing, publications=[PUB], proto_version=1, chunk_size=7, max_messages=20, **common)
+    assert 20 <= first.messages < 40 and not first.caught_up  # whole transactions, then stop
+    second = capture_slot(landing, chunk_size=7, until_lsn=Lsn(middle), **common)
+    third = capture_slot(landing, chunk_size=7, **common)
+    assert not second.caught_up and third.caught_up
+    assert second.chunks[-1].end_lsn <= middle < third.chunks[0].end_lsn  # up to the last commit before
+    assert third.chunks[0].first_seq == second.chunks[-1].last_seq + 1
+    landed, expected = _landed(Path(landing)), _peeked(pg15, db, f"{db}_twin", proto_version=1)
+    assert _without_relations(landed) == _without_relations(expected)
+
+
 _KILL_AT_SECOND_ADVANCE = textwrap.dedent("""
     import os, signal, sys
     from pgoutput_spark.slot import source

@@ -382,7 +382,9 @@ SETUP = f"""
     CREATE PUBLICATION pub_filter FOR TABLE rowfilt WHERE (grp > 0), rowfilt_k WHERE (id % 3 <> 0);
     CREATE PUBLICATION pub_cols FOR TABLE collist (id, a, c);
     CREATE PUBLICATION pub_part FOR TABLE parted WITH (publish_via_partition_root = true);
-    SELECT pg_replication_origin_create('apply_upstream');
+    -- origins are cluster-wide: every database of a test run shares this one
+    SELECT pg_replication_origin_create('apply_upstream')
+        WHERE NOT EXISTS (SELECT FROM pg_replication_origin WHERE roname = 'apply_upstream');
 """
 
 PAD = "repeat(md5(g::text), 8)"  # 256 bytes a row: a few hundred rows pass logical_decoding_work_mem

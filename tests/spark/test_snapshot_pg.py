@@ -39,10 +39,11 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     slot, target, landing = f"{db}_slot", str(tmp_path / "target"), str(tmp_path / "landing")
     during = Driver(pg15, db)
     copied: list[TableCopy] = []
+    partial: list[TableCopy] = []
     create_slot = snapshot._create_slot
 
-    def create_slot_then_commit(*args: Any) -> Any:
-        created = create_slot(*args)  # before the first COPY: only the exported snapshot hides this
+    def create_slot_then_commit(*args: Any, **kwargs: Any) -> Any:
+        created = create_slot(*args, **kwargs)  # before the first COPY: only the exported snapshot hides this
         during.txn("UPDATE keyswap SET n = n + 1000 WHERE id % 2 = 1",
                    "UPDATE pgbench_tellers SET tbalance = tbalance - 3",
                    "INSERT INTO logonly VALUES ('as the slot was created', 0, now())")
@@ -51,6 +52,9 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     monkeypatch.setattr(snapshot, "_create_slot", create_slot_then_commit)
 
     def traffic_while_copying(table: TableCopy) -> None:
+        if not table.done:  # progress inside a table's copy
+            partial.append(table)
+            return
         copied.append(table)
         if len(copied) == 1:  # tables copied already and tables not copied yet change now
             during.txn("UPDATE keyswap SET n = n + 100 WHERE id % 2 = 0",
@@ -59,8 +63,11 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
                        "INSERT INTO logonly VALUES ('during the snapshot', 1, now())")
 
     result = snapshot_tables(spark, target, slot=slot, publications=PUBLICATIONS, dsn=pg15.conninfo(db),
-                             progress=traffic_while_copying)
+                             progress=traffic_while_copying, batch_bytes=1 << 20)
     assert len(result.tables) == len(copied) > 10 and sum(t.rows for t in copied) > 100_000
+    accounts = [p for p in partial if p.table == "public.pgbench_accounts"]  # 100,000 rows, 1 MB blocks
+    assert {p.stage for p in accounts} == {"copying", "converting"} and len(accounts) > 6
+    assert [p.rows for p in accounts if p.stage == "converting"][-1] == 100_000
     during.txn("UPDATE types_t SET t = 'after the snapshot' WHERE id = 1",
                "DELETE FROM keyswap WHERE id % 3 = 0",
                "INSERT INTO logonly VALUES ('after the snapshot', 2, now())")

@@ -82,4 +82,24 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     caught_up = verify_mirrors(spark, target, landing, dsn=dsn)
     assert _states(caught_up) == {"public.typed": "equal", "public.bag": "equal"}, caught_up.render()
     assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+
+    # A column added with a DEFAULT: old rows have it in the source, and no message carries it.
+    pg15.execute("ALTER TABLE typed ADD COLUMN extra int DEFAULT 7; UPDATE typed SET t = 'new' WHERE id = 5",
+                 dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    run_apply(spark, read_capture(spark, landing), target)
+    assert _states(verify_mirrors(spark, target, landing, dsn=dsn))["public.typed"] == "differs"
+    # The remedy, a re-snapshot of the table; changes committed before it and applied after
+    # it are in the snapshot already (a duplicate in the multiset would show), later ones apply.
+    pg15.execute("INSERT INTO bag VALUES ('before the re-snapshot', 3); UPDATE typed SET n = 1 WHERE id = 6",
+                 dbname=db)
+    resnapshot = ["snapshot", "--target", target, "--publication", "verify_pub", "--dsn", dsn,
+                  "--master", "local[2]", "--table", "public.typed", "--table", "public.bag"]
+    assert main(resnapshot) == 0 and "re-snapshot as of" in capsys.readouterr().out
+    pg15.execute("INSERT INTO bag VALUES ('after the re-snapshot', 4); UPDATE typed SET n = 2 WHERE id = 7",
+                 dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    run_apply(spark, read_capture(spark, landing), target)
+    fixed = verify_mirrors(spark, target, landing, dsn=dsn)
+    assert _states(fixed) == {"public.typed": "equal", "public.bag": "equal"}, fixed.render()
     pg15.drop_slot(slot, dbname=db)

@@ -1,0 +1,107 @@
+"""A Delta landing: each chunk is one append to a Delta capture table, exactly once.
+
+The same chunk loop as the Parquet landing (`capture.capture_slot`); the
+chunk's rows are written to a hidden Parquet file in the table's folder and
+appended by Spark in one Delta commit that carries the transaction identifier
+``txnAppId`` = ``pgoutput_spark_capture:<slot>``, ``txnVersion`` = the chunk
+number, and in its ``userMetadata`` the chunk record and the landing
+information (slot, options, session settings). The newest such commit says
+where the next run starts; `landing_info` gives the settings to `read_capture`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CaptureError
+from .landing import ChunkFile, ChunkRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["DeltaLanding", "landing_info"]
+
+_KEY = "pgoutput_spark_capture"
+_WORK = "_pgoutput_capture_work"
+
+
+def _latest(spark: SparkSession, path: str) -> dict[str, Any] | None:
+    """The newest capture commit's metadata ({"chunk": ..., "landing": ...}) of the table at `path`."""
+    from ..capture import _is_delta
+
+    if not _is_delta(spark, path):
+        return None
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}` LIMIT 50").select(
+        "userMetadata").collect()
+    for row in rows:
+        try:
+            meta = json.loads(row["userMetadata"] or "{}").get(_KEY)
+        except (ValueError, AttributeError):
+            continue
+        if meta:
+            return dict(meta)
+    raise CaptureError(f"{path} is a Delta table without a pgoutput-spark capture commit in its last 50:"
+                       " land into a new table")
+
+
+def landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
+    """The landing information recorded with a Delta capture table's newest chunk (None: not landed by us)."""
+    try:
+        latest = _latest(spark, path)
+    except CaptureError:
+        return None
+    return None if latest is None else latest["landing"]
+
+
+class DeltaLanding:
+    """A Delta capture table on the local (or a mounted) file system."""
+
+    def __init__(self, spark: SparkSession, path: str | os.PathLike[str]) -> None:
+        self.spark = spark
+        self.path = Path(path)
+        self._info: dict[str, Any] | None = None
+        self._latest = _latest(spark, str(self.path))
+
+    def info(self) -> dict[str, Any] | None:
+        return None if self._latest is None else self._latest["landing"]
+
+    def last_chunk(self) -> ChunkRecord | None:
+        return None if self._latest is None else ChunkRecord(**self._latest["chunk"])
+
+    def open(self, info: Mapping[str, Any]) -> None:
+        recorded = self.info()
+        if recorded is not None:
+            for key in sorted(set(recorded) | set(info)):
+                if recorded.get(key) != info.get(key):
+                    raise CaptureError(
+                        f"{self.path} was landed with {key} = {recorded.get(key)!r}, this run has"
+                        f" {info.get(key)!r}: one landing is read with one set of options;"
+                        " land into a new table to change them")
+        self._info = dict(info)
+        work = self.path / _WORK
+        work.mkdir(parents=True, exist_ok=True)
+        for leftover in work.iterdir():
+            leftover.unlink()
+
+    def new_chunk(self, chunk: int, *, compression: str = "zstd") -> ChunkFile:
+        return ChunkFile(self.path / _WORK, chunk, compression=compression, publish=self._publish)
+
+    def _publish(self, source: Path, record: ChunkRecord) -> str:
+        assert self._info is not None, "open() first"
+        metadata = json.dumps({_KEY: {"chunk": json.loads(record.as_json()), "landing": self._info}},
+                              sort_keys=True)
+        slot = self._info.get("slot")
+        visible = source.with_name(f"chunk-{record.chunk:08d}.parquet")  # Spark skips names with _
+        os.replace(source, visible)
+        try:
+            (self.spark.read.parquet(str(visible)).write.format("delta").mode("append")
+             .option("txnAppId", f"{_KEY}:{slot}").option("txnVersion", record.chunk)
+             .option("userMetadata", metadata).save(str(self.path)))
+        finally:
+            visible.unlink(missing_ok=True)
+        self._latest = {"chunk": json.loads(record.as_json()), "landing": self._info}
+        return str(self.path)

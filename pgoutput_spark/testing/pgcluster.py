@@ -53,7 +53,7 @@ _SETTINGS: dict[str, str] = {
     "wal_level": "logical",
     "max_prepared_transactions": "20",
     "logical_decoding_work_mem": "'64kB'",
-    "max_replication_slots": "30",
+    "max_replication_slots": "100",
     "max_wal_senders": "30",
     "fsync": "off",
     "full_page_writes": "off",

@@ -153,7 +153,7 @@ def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
     landing = tmp_path / "landing"
     _plain_workload(pg15, db, 0)
     args = ["capture", "--landing", str(landing), "--slot", f"{db}_landed", "--publication", PUB,
-            "--dsn", pg15.conninfo(db), "--proto-version", "1", "--messages", "--chunk-size", "7"]
+            "--dsn", pg15.conninfo(db), "--proto-version", "1", "--messages", "--binary", "--chunk-size", "7"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "chunk 0: " in out and "MB behind the server" in out and "caught up with the server" in out
@@ -165,7 +165,8 @@ def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
     # Each chunk is a new decoding session, and pgoutput sends a table's Relation message
     # again before its first change in a session (as to a subscriber that reconnects).
     # Everything else is the twin slot's stream, message for message.
-    landed, expected = _landed(landing), _peeked(pg15, db, f"{db}_twin", proto_version=1, messages=True)
+    landed, expected = _landed(landing), _peeked(pg15, db, f"{db}_twin", proto_version=1, messages=True,
+                                                binary=True)
     assert landed.column("seq").to_pylist() == list(range(landed.num_rows))
     assert _without_relations(landed) == _without_relations(expected)
     assert _relations(landed) == _relations(expected)
@@ -216,7 +217,8 @@ def test_killed_between_landing_a_chunk_and_advancing_the_slot(
         server: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pg: PgCluster = request.getfixturevalue(server)
     options: dict[str, Any] = ({"proto_version": 3, "streaming": "on", "two_phase": True} if server == "pg15"
-                               else {"proto_version": 4, "streaming": "parallel", "two_phase": True})
+                               else {"proto_version": 4, "streaming": "parallel", "two_phase": True,
+                                     "origin": "any"})
     db = _setup(pg, slots=("landed", "twin"), two_phase=True)
     _streamed_workload(pg, db, two_phase=True)
     killed, whole = tmp_path / "killed", tmp_path / "whole"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CaptureError
-from .landing import ChunkFile, ChunkRecord
+from .landing import ChunkFile, ChunkRecord, check_same_landing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,12 +75,7 @@ class DeltaLanding:
     def open(self, info: Mapping[str, Any]) -> None:
         recorded = self.info()
         if recorded is not None:
-            for key in sorted(set(recorded) | set(info)):
-                if recorded.get(key) != info.get(key):
-                    raise CaptureError(
-                        f"{self.path} was landed with {key} = {recorded.get(key)!r}, this run has"
-                        f" {info.get(key)!r}: one landing is read with one set of options;"
-                        " land into a new table to change them")
+            check_same_landing(recorded, info, f"{self.path}", "table")
         self._info = dict(info)
         work = self.path / _WORK
         work.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,15 @@ class ChunkRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
 
+def check_same_landing(recorded: Mapping[str, Any], info: Mapping[str, Any], where: str, kind: str) -> None:
+    """`CaptureError` naming the first key whose value this run would change in the landing."""
+    for key in sorted(set(recorded) | set(info)):
+        if recorded.get(key) != info.get(key):
+            raise CaptureError(
+                f"{where} was landed with {key} = {recorded.get(key)!r}, this run has {info.get(key)!r}:"
+                f" one landing is read with one set of options; land into a new {kind} to change them")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -199,12 +208,7 @@ class ParquetLanding:
             os.replace(temp, self.path / LANDING_INFO_FILE)
             _fsync_dir(self.path)
         else:
-            for key in sorted(set(recorded) | set(info)):
-                if recorded.get(key) != info.get(key):
-                    raise CaptureError(
-                        f"{self.path} was landed with {key} = {recorded.get(key)!r}, this run has"
-                        f" {info.get(key)!r}: one landing is read with one set of options;"
-                        " land into a new folder to change them")
+            check_same_landing(recorded, info, f"{self.path}", "folder")
         for leftover in self.path.glob(f"{_TEMP_PREFIX}*"):
             leftover.unlink()
 

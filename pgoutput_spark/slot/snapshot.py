@@ -281,6 +281,7 @@ def snapshot_tables(
                 plan = plans[table.oid]
                 if not plan.exists:
                     apply_schema(spark, plan)
+
                 def partial(stage: str, rows: int, size: int) -> None:
                     if progress is not None:
                         progress(TableCopy(f"{table.schema}.{table.name}", plan.path, rows, size,  # noqa: B023
@@ -288,7 +289,7 @@ def snapshot_tables(
 
                 rows, size = _copy_into(spark, reader, table, plan, target, pipeline, point, batch_bytes,
                                         replace=plan.exists, partial=partial)
-                if replace:  # a new pipeline's slot starts at `point`: nothing to skip
+                if replace:  # the apply skips older changes (a new pipeline's slot starts at `point`)
                     _record_start(spark, target, pipeline, table, point)
                 if table_name:
                     register(spark, catalog_name(table_name, table.schema, table.name), plan.path)

@@ -36,6 +36,7 @@ from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError
 from ..lsn import Lsn
+from .delta_landing import DeltaLanding
 from .landing import ParquetLanding
 from .options import PluginOptions
 from .snapshot import PublishedTable, _parsed, published_tables
@@ -145,17 +146,21 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
                    ) -> VerifyResult:
     """Compare every mirror under `target` with its source table (see the module doc).
 
-    `landing` is the folder `pgoutput-spark capture` lands into: it names the
+    `landing` is where `pgoutput-spark capture` lands (Parquet folder or Delta table): it names the
     slot and publications. With `keys`, a differing table also lists up to 20
     primary-key values whose rows differ.
     """
     from ..apply import status
     from ..mirror.delta import DEFAULT_TABLE_PATH, mirror_path
 
-    info = ParquetLanding(landing).info()
+    from ..capture import _is_delta
+
+    store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
+    info = store.info()
     if info is None:
-        raise CaptureError(f"{landing} is not a landing of pgoutput-spark capture (no _pgoutput_capture.json)")
-    last = ParquetLanding(landing).last_chunk()
+        raise CaptureError(f"{landing} is not a landing of pgoutput-spark capture (no _pgoutput_capture.json"
+                           " or capture commit)")
+    last = store.last_chunk()
     publications = tuple(info["options"]["publications"])
     applied = status(spark, target, pipeline)
     behind = last is not None and (applied.position is None or applied.position < last.last_seq)

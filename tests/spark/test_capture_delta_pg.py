@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from pgoutput_spark import read_capture
+from pgoutput_spark.apply import run_apply
 from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.slot import source
 from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..slot.test_capture_pg import PUB, _assert_each_transaction_once, _landed, _setup, _streamed_workload
@@ -49,6 +51,10 @@ def test_a_delta_landing_survives_a_crash_between_commit_and_advance(
     _assert_each_transaction_once(landed)
     appends = spark.sql(f"DESCRIBE HISTORY delta.`{delta}`").where("operation = 'WRITE'").count()
     assert appends == len(list(parquet.glob("part-*.parquet")))  # one commit per chunk
+    # the apply reads the Delta landing; verify finds the mirrors equal to the tables
+    run_apply(spark, read_capture(spark, delta), str(tmp_path / "target"))
+    verified = verify_mirrors(spark, str(tmp_path / "target"), delta, dsn=pg15.conninfo(db))
+    assert [t.state for t in verified.tables] == ["equal", "equal"], verified.render()
     with pytest.raises(CaptureError, match="was landed with options"):
         capture_slot(delta, slot=f"{db}_landed", dsn=pg15.conninfo(db), messages=True,
                      format="delta", spark=spark)

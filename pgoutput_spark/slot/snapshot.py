@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,7 @@ from .source import SlotSource, connect
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PublishedTable", "SnapshotResult", "published_tables", "snapshot_tables"]
+__all__ = ["PublishedTable", "SnapshotResult", "copy_to_file", "published_tables", "read_copy", "snapshot_tables"]
 
 _log = logging.getLogger(__name__)
 _BATCH_BYTES = 16 << 20  # CSV block size: about this much text per converted batch
@@ -66,6 +66,10 @@ class PublishedTable:
 
     def pg_types(self) -> list[PgType]:
         return [resolve(oid, typmod, self.type_names) for _, oid, typmod in self.columns]
+
+    def arrow_columns(self) -> list[tuple[str, pa.DataType]]:
+        """(name, Arrow type) of the published columns, as the change conversion types them."""
+        return [(name, arrow_type(t)) for (name, _, _), t in zip(self.columns, self.pg_types())]
 
     def select(self) -> str:
         """The query COPY runs: published columns, row filter; a partitioned table with its partitions."""
@@ -261,9 +265,8 @@ def snapshot_tables(
             chosen = [by_name[name] for name in dict.fromkeys(tables or ())]
         plans = {}
         for table in chosen:
-            columns = [(name, arrow_type(t)) for (name, _, _), t in zip(table.columns, table.pg_types())]
             path = mirror_path(target, table.schema, table.name, template)
-            plan = plan_schema(spark, path, f"{table.schema}.{table.name}", columns)
+            plan = plan_schema(spark, path, f"{table.schema}.{table.name}", table.arrow_columns())
             if plan.exists and not replace:
                 raise CaptureError(f"{table.schema}.{table.name}: a mirror exists at {path}; a snapshot"
                                    " starts a new pipeline into new mirrors (re-snapshot it with tables=)")
@@ -337,24 +340,15 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
     work.mkdir(parents=True)
     try:
         text = work / "copy.csv"
-        with open(text, "wb") as out, reader.cursor().copy(
-                f"COPY ({table.select()}) TO STDOUT (FORMAT csv)") as copy:
-            received = reported = 0
-            for block in copy:
-                out.write(block)
-                received += len(block)
-                if received - reported >= batch_bytes:
-                    partial("copying", 0, received)
-                    reported = received
-        size = text.stat().st_size
+        size = copy_to_file(reader, table, text, every=batch_bytes,
+                            received=lambda n: partial("copying", 0, n))
         if size == 0 and not replace:
             return 0, 0
-        schema = pa.schema(plan.columns if not replace else
-                           [(n, arrow_type(t)) for (n, _, _), t in zip(table.columns, table.pg_types())])
+        schema = pa.schema(plan.columns if not replace else table.arrow_columns())
         rows = 0
         with pq.ParquetWriter(work / "rows.parquet", schema) as writer:
             if size:
-                for batch in _parsed(text, table, schema, batch_bytes):
+                for batch in read_copy(text, table, schema, batch_bytes):
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     partial("converting", rows, size)
@@ -378,8 +372,25 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _parsed(text: Path, table: PublishedTable, schema: pa.Schema, batch_bytes: int):  # type: ignore[no-untyped-def]
-    """Converted record batches of a COPY ... (FORMAT csv) file (NULL: unquoted empty field)."""
+def copy_to_file(conn: psycopg.Connection[Any], table: PublishedTable, path: Path, *, every: int,
+                 received: Callable[[int], None] | None = None) -> int:
+    """COPY the table's published rows (``table.select()``) as CSV into `path`; return its size.
+
+    `received` hears of the bytes received so far every `every` bytes.
+    """
+    size = reported = 0
+    with open(path, "wb") as out, conn.cursor().copy(f"COPY ({table.select()}) TO STDOUT (FORMAT csv)") as copy:
+        for block in copy:
+            out.write(block)
+            size += len(block)
+            if received is not None and size - reported >= every:
+                received(size)
+                reported = size
+    return size
+
+
+def read_copy(text: Path, table: PublishedTable, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Converted record batches of a `copy_to_file` file (NULL: an unquoted empty field)."""
     names = [f"c{i}" for i in range(len(table.columns))]
     reader = pacsv.open_csv(
         text,

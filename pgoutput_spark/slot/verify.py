@@ -39,7 +39,7 @@ from ..lsn import Lsn
 from .delta_landing import DeltaLanding
 from .landing import ParquetLanding
 from .options import PluginOptions
-from .snapshot import PublishedTable, _parsed, published_tables
+from .snapshot import PublishedTable, copy_to_file, published_tables, read_copy
 from .source import SlotSource, connect
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["TableCheck", "VerifyResult", "canonical_text", "row_hashes", "verify_mirrors"]
 
 _NULL = b"\x00N"
+_BLOCK = 16 << 20  # CSV text per converted batch
 _SEPARATOR = b"\x1f"
 _CHANGES = (MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE, MessageType.TRUNCATE)
 
@@ -221,17 +222,12 @@ def _key_columns(conn: Any, table: PublishedTable) -> list[int]:
 def _source_side(conn: Any, table: PublishedTable, work: Path, key_positions: list[int]) -> tuple[
         int, int, dict[str, list[int]]]:
     """Rows, hash and (for `key_positions`) key text -> row hashes of the source table."""
-    from ..convert.dispatch import arrow_type
-
     text = work / f"{table.oid}.csv"
-    with open(text, "wb") as out, conn.cursor().copy(f"COPY ({table.select()}) TO STDOUT (FORMAT csv)") as copy:
-        for block in copy:
-            out.write(block)
-    if text.stat().st_size == 0 or not table.columns:
+    if copy_to_file(conn, table, text, every=_BLOCK) == 0 or not table.columns:
         return 0, 0, {}
-    schema = pa.schema([(n, arrow_type(t)) for (n, _, _), t in zip(table.columns, table.pg_types())])
+    schema = pa.schema(table.arrow_columns())
     rows, total, by_key = 0, 0, {}
-    for batch in _parsed(text, table, schema, 16 << 20):
+    for batch in read_copy(text, table, schema, _BLOCK):
         hashes = row_hashes(batch)
         rows += batch.num_rows
         total = (total + _mod_sum(hashes)) % (1 << 64)

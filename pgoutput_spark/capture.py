@@ -98,15 +98,17 @@ def _landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def check_landing(spark: SparkSession, path: str) -> dict[str, Any] | None:
+def check_landing(spark: SparkSession, path: str, format: Literal["parquet", "delta"] = "parquet",
+                  ) -> dict[str, Any] | None:
     """Check the session settings a landing records against what the type conversion reads.
 
     Returns the landing information (None for a capture not landed by
     ``pgoutput-spark capture``); raises `CaptureError` naming the setting.
     """
+    from .slot.delta_landing import landing_info
     from .slot.settings import check_session_settings
 
-    info = _landing_info(spark, path)
+    info = _landing_info(spark, path) if format == "parquet" else landing_info(spark, path)
     if info is not None:
         check_session_settings(info.get("settings") or {}, source=path)
     return info
@@ -117,22 +119,14 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
 
     A Parquet capture is every ``*.parquet`` file under ``path`` (Hive-style
     partition folders such as ``date=2026-11-22/`` are discovered as columns).
-    A folder landed by ``pgoutput-spark capture`` has its recorded session
-    settings checked first (`check_landing`).
+    A landing of ``pgoutput-spark capture`` (folder or Delta table) has its
+    recorded session settings checked first (`check_landing`).
     """
     if format == "auto":
         format = "delta" if _is_delta(spark, path) else "parquet"
-    if format == "parquet":
-        check_landing(spark, path)
-    else:
-        from .slot.delta_landing import landing_info
-        from .slot.settings import check_session_settings
-
-        info = landing_info(spark, path)
-        if info is not None:
-            check_session_settings(info.get("settings") or {}, source=path)
     if format not in ("parquet", "delta"):
         raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
+    check_landing(spark, path, format)
     reader = spark.read.format(format)
     if format == "parquet":
         # Only Parquet files: a capture folder may hold a README, markers, ...

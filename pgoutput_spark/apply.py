@@ -39,8 +39,10 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
 from .capture import CaptureColumns, _is_delta
-from .errors import PgoutputSparkError
+from .config import TablesConfig
+from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
+from .mirror.net import TableSpec
 from .mirror.delta import (
     DEFAULT_TABLE_PATH,
     CatalogError,
@@ -120,6 +122,7 @@ class ApplyResult:
     redone: bool = False
     skipped: bool = False
     duration_s: float = 0.0
+    excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
 
     def render(self) -> str:
         if self.skipped:
@@ -133,6 +136,8 @@ class ApplyResult:
                  f"transactions applied: {self.transactions}",
                  f"quarantined messages: {self.quarantined_messages}",
                  f"rows of open transactions carried over: {self.open_rows}"]
+        if self.excluded:
+            lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
         if self.tables:
             width = max(len(t.table) for t in self.tables)
             lines.append(f"{'table':<{width}}  {'inserted':>9} {'updated':>9} {'deleted':>9} "
@@ -244,12 +249,13 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               columns: CaptureColumns | None = None, pipeline: str = "default",
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
               parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH,
-              table_name: str | None = None) -> ApplyResult:
+              table_name: str | None = None, tables: TablesConfig | None = None) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
     ``table_name``, if given, names each in the catalog too (an external Delta
-    table; e.g. ``mirrors.{schema}__{table}``).
+    table; e.g. ``mirrors.{schema}__{table}``). ``tables`` chooses the tables
+    mirrored and their key and type overrides (the configuration's ``tables``).
     """
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
@@ -281,7 +287,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     spark.conf.set("spark.sql.caseSensitive", "true")
     try:
         return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                    table_path, table_name)
+                    table_path, table_name, tables or TablesConfig())
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         decoded.unpersist()
@@ -289,11 +295,12 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
 
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
-         table_path: str, table_name: str | None) -> ApplyResult:
+         table_path: str, table_name: str | None, tables: TablesConfig) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
         history = ledger.history()
+        history.text_columns = tables.types
         new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
         history.add(versions_from_rows(new_meta))
     with _step("assemble transactions"):
@@ -315,9 +322,14 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
+        excluded = sorted({_first_name(history, oid) for oid in relations
+                           if not tables.selected(_first_name(history, oid))})
+        relations = [oid for oid in relations if tables.selected(_first_name(history, oid))]
         # Every schema decision before anything is written.
         with _step(f"plan {len(relations)} schemas"):
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
+            for oid in relations:
+                _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
         if table_name:
             with _step("check catalog names"):
@@ -344,7 +356,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                     # A (re-)snapshot at S holds every transaction that committed before S.
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
-                                             to_lsn, metadata, redone))
+                                             to_lsn, metadata, redone, _spec(history, oid, plan, tables)))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out
@@ -368,7 +380,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
         n_messages = decoded.count()
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
-                         redone, duration_s=time.time() - started)
+                         redone, duration_s=time.time() - started, excluded=tuple(excluded))
     with _step("save the run; release the lease"):
         _finish(ledger, run_id, result, assembled.end_state, lease, started)
     return result
@@ -395,6 +407,31 @@ def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
                        f"{latest.namespace}.{latest.name}", history.table_columns(oid))  # type: ignore[arg-type]
 
 
+def _first_name(history: RelationHistory, oid: int) -> str:
+    """``schema.table`` as the relation was first seen: its mirror's name, whatever renames followed."""
+    first = history.relations[oid][0]
+    return f"{first.namespace}.{first.name}"
+
+
+def _spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: TablesConfig) -> TableSpec:
+    """How the mirror's rows are identified: the replica identity, or the ``tables.keys`` override."""
+    columns = [c for c, _ in plan.columns]
+    spec = table_spec(history.latest(oid), columns)
+    name = _first_name(history, oid)
+    key = tables.keys.get(name)
+    if key is None:
+        return spec
+    if spec.mode == "keyed":
+        raise ConfigError(f"tables.keys.{name}: {name} has a replica identity key ({', '.join(spec.key)}), "
+                          f"which is its key; a key override is for a table without one "
+                          f"(REPLICA IDENTITY FULL or NOTHING, or no primary key); nothing was written")
+    missing = [c for c in key if c not in columns]
+    if missing:
+        raise ConfigError(f"tables.keys.{name}: no column {', '.join(missing)} in {name} "
+                          f"(its columns: {', '.join(columns)}); nothing was written")
+    return TableSpec("keyed", tuple(key), tuple(columns))
+
+
 def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
                    plans: dict[int, SchemaPlan]) -> dict[int, tuple[str, ...]]:
     """The catalog names the run must register; `CatalogError` for a name taken or shared."""
@@ -415,7 +452,7 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], to_lsn: int, metadata: dict[str, Any],
-                  redone: bool) -> TableResult:
+                  redone: bool, spec: TableSpec) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate).
@@ -429,7 +466,6 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         return TableResult(name, plan.path, oid, **done, status="already applied")
     with _step(f"{name}: schema"):
         apply_schema(session, plan)
-    spec = table_spec(latest, [c for c, _ in plan.columns])
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})

@@ -168,7 +168,7 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
                              publications=args.publication,
                              dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
-                             progress=progress)
+                             progress=progress, selection=config.tables)
     return result.render()
 
 
@@ -179,7 +179,7 @@ def run_verify_command(config: Config, args: argparse.Namespace) -> tuple[str, b
 
     spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
     result = verify_mirrors(spark, args.target, args.landing, dsn=args.dsn, pipeline=config.changes.pipeline,
-                            table_path=config.apply.table_path, keys=args.keys)
+                            table_path=config.apply.table_path, keys=args.keys, selection=config.tables)
     return result.render(), not result.differing
 
 
@@ -202,7 +202,8 @@ def run_apply_command(config: Config, target: str, parallelism: int | None = Non
                        on_error=config.decode.on_error,  # type: ignore[arg-type]
                        skip_origins=config.changes.skip_origins,
                        parallelism=parallelism or config.apply.parallelism,
-                       table_path=config.apply.table_path, table_name=config.apply.table_name)
+                       table_path=config.apply.table_path, table_name=config.apply.table_name,
+                       tables=config.tables)
     return result.render()
 
 

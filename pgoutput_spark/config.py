@@ -7,6 +7,7 @@ and the key path. Relative paths are relative to the working directory.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 import types
@@ -81,6 +82,40 @@ class ApplyConfig:
                                   f"dot-separated non-empty parts, the last containing {{table}}")
 
 
+@dataclass(frozen=True)
+class TablesConfig:
+    """Which source tables the apply mirrors, and per-table overrides; tables are ``schema.table``."""
+
+    #: Shell-style patterns (``fnmatch``, case-sensitive) on ``schema.table``: a table is mirrored
+    #: when it matches an include pattern and no exclude pattern.
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    #: ``schema.table`` -> key columns, for a table whose replica identity has no key (``FULL``,
+    #: ``NOTHING``, or ``DEFAULT`` without a primary key): its mirror is then keyed, an insert of
+    #: an existing key overwrites the row, instead of keeping identical rows apart.
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: ``schema.table`` -> {column: ``string``}: keep that column as PostgreSQL's text form
+    #: (e.g. a ``numeric(p, s)`` column holding NaN, which a decimal cannot hold).
+    types: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    _choices = {"types": ("string",)}
+
+    def selected(self, name: str) -> bool:
+        """Whether the table ``schema.table`` is mirrored."""
+        return (any(fnmatch.fnmatchcase(name, p) for p in self.include)
+                and not any(fnmatch.fnmatchcase(name, p) for p in self.exclude))
+
+    def check(self, source: str) -> None:
+        for table, columns in self.keys.items():
+            if not columns:
+                raise ConfigError(f"{source}: tables.keys.{table} must name at least one column")
+            if len(set(columns)) != len(columns):
+                raise ConfigError(f"{source}: tables.keys.{table} names a column twice: {list(columns)}")
+        for table in (*self.keys, *self.types):
+            if "." not in table:
+                raise ConfigError(f"{source}: tables.keys / tables.types: {table!r} must be schema.table")
+
+
 LOCAL_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
@@ -101,7 +136,41 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     changes: ChangesConfig = field(default_factory=ChangesConfig)
     apply: ApplyConfig = field(default_factory=ApplyConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
+
+
+def _value(cls: type, key: str, hint: Any, value: Any, key_path: str, source: str) -> Any:
+    """``value`` checked against the type ``hint`` (field ``key`` of dataclass ``cls``)."""
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key_path, source)  # type: ignore[arg-type]
+    is_union = get_origin(hint) in (typing.Union, types.UnionType)
+    allowed = get_args(hint) if is_union else (hint,)
+    origins = tuple(get_origin(a) or a for a in allowed)
+    if value is None and type(None) in origins:
+        return None
+    if tuple in origins:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: {key_path} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if dict in origins:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key_path} must be a mapping, got {value!r}")
+        value_hint = get_args(allowed[origins.index(dict)])[1]
+        if value_hint is str and key not in getattr(cls, "_choices", {}):  # Spark's settings: any scalar
+            return {str(k): str(v) for k, v in value.items()}
+        return {str(k): _value(cls, key, value_hint, v, f"{key_path}.{k}", source) for k, v in value.items()}
+    if int in origins and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if bool in origins and isinstance(value, bool):
+        return value
+    if str in origins and isinstance(value, str):
+        choices = getattr(cls, "_choices", {}).get(key)
+        if choices and value not in choices:
+            raise ConfigError(f"{source}: {key_path} is {value!r}, expected one of {list(choices)}")
+        return value
+    expected = " or ".join(getattr(a, "__name__", str(a)) for a in origins)
+    raise ConfigError(f"{source}: {key_path} must be {expected}, got {value!r}")
 
 
 def _build(cls: type, data: Any, path: str, source: str) -> Any:
@@ -114,33 +183,7 @@ def _build(cls: type, data: Any, path: str, source: str) -> Any:
         key_path = f"{path}.{key}" if path else str(key)
         if key not in known:
             raise ConfigError(f"{source}: unknown key {key_path!r} (expected one of {sorted(known)})")
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, key_path, source)
-            continue
-        is_union = get_origin(hint) in (typing.Union, types.UnionType)
-        allowed = get_args(hint) if is_union else (hint,)
-        origins = tuple(get_origin(a) or a for a in allowed)
-        if value is None and type(None) in origins:
-            values[key] = None
-        elif tuple in origins:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{source}: {key_path} must be a list of strings, got {value!r}")
-            values[key] = tuple(value)
-        elif dict in origins:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {key_path} must be a mapping")
-            values[key] = {str(k): str(v) for k, v in value.items()}
-        elif int in origins and isinstance(value, int) and not isinstance(value, bool):
-            values[key] = value
-        elif str in origins and isinstance(value, str):
-            choices = getattr(cls, "_choices", {}).get(key)
-            if choices and value not in choices:
-                raise ConfigError(f"{source}: {key_path} is {value!r}, expected one of {list(choices)}")
-            values[key] = value
-        else:
-            expected = " or ".join(getattr(a, "__name__", str(a)) for a in origins)
-            raise ConfigError(f"{source}: {key_path} must be {expected}, got {value!r}")
+        values[key] = _value(cls, key, hints[key], value, key_path, source)
     return cls(**values)
 
 
@@ -159,4 +202,5 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     config: Config = _build(Config, data, "", source)
     config.apply.check(source)
+    config.tables.check(source)
     return config

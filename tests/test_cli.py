@@ -131,3 +131,28 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
 def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, restore_spark_conf):
     assert main(["status", "--target", str(tmp_path / "none")]) == 0
     assert "consistent read point: nothing applied yet" in capsys.readouterr().out
+
+
+def test_tables_settings_are_checked(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("tables:\n  keys:\n    public.log: id\n")
+    with pytest.raises(ConfigError, match=r"tables.keys.public.log must be a list of strings, got 'id'"):
+        load_config(conf)
+    conf.write_text("tables:\n  types:\n    public.t:\n      amount: decimal\n")
+    with pytest.raises(ConfigError, match=r"tables.types.public.t.amount is 'decimal', expected one of \['string'\]"):
+        load_config(conf)
+    conf.write_text("tables:\n  keys:\n    log: [id]\n")
+    with pytest.raises(ConfigError, match=r"'log' must be schema.table"):
+        load_config(conf)
+    conf.write_text("tables:\n  include: [\"shop.*\"]\n  exclude: [\"shop.tmp_*\"]\n"
+                    "  keys:\n    shop.log: [id, at]\n  types:\n    shop.t:\n      amount: string\n")
+    tables = load_config(conf).tables
+    assert (tables.selected("shop.orders"), tables.selected("shop.tmp_x"), tables.selected("public.a")) == \
+        (True, False, False)
+    assert tables.keys == {"shop.log": ("id", "at")} and tables.types == {"shop.t": {"amount": "string"}}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "conf").glob("*.yaml")))
+def test_every_shipped_configuration_loads(name):
+    config = load_config(ROOT / "conf" / name)
+    assert config.capture.seq_column == "seq"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 from dataclasses import dataclass, field
 
-from ..convert import PgType, arrow_type, resolve
+from ..convert import PgType, arrow_type, resolve, text_type
 from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
 from ..errors import PgoutputSparkError
 
@@ -74,6 +74,13 @@ class RelationHistory:
 
     relations: dict[int, list[RelationVersion]] = field(default_factory=dict)
     types: dict[int, list[TypeVersion]] = field(default_factory=dict)
+    #: ``schema.table`` (the relation's first name, as its mirror's) -> columns kept as
+    #: PostgreSQL's text (the ``tables.types`` setting).
+    text_columns: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def keeps_text(self, relation_id: int, column: str) -> bool:
+        first = self.relations[relation_id][0]
+        return column in self.text_columns.get(f"{first.namespace}.{first.name}", {})
 
     def add(self, versions: Iterable[RelationVersion | TypeVersion]) -> None:
         for v in versions:
@@ -116,7 +123,9 @@ class RelationHistory:
         out: dict[str, object] = {}
         for version in self.relations[relation_id]:
             for column in version.columns:
-                out[column.name] = arrow_type(self.pg_type(column, version.seq + 1))
+                pg_type = self.pg_type(column, version.seq + 1)
+                out[column.name] = (text_type(pg_type) if self.keeps_text(relation_id, column.name)
+                                    else arrow_type(pg_type))
         return list(out.items())
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert import convert
+from ..convert import convert, text_type
 from ..errors import TypeConversionError
 from .relations import RelationHistory, RelationVersion
 
@@ -70,14 +70,16 @@ def _convert_values(kind: pa.Array, value: pa.Array, version: RelationVersion, h
     pg_type = history.pg_type(column, version.seq + 1)
     text = pc.fill_null(pc.equal(kind, "t"), False)
     binary = pc.fill_null(pc.equal(kind, "b"), False)
+    keep = text_type(pg_type) if history.keeps_text(version.relation_id, column.name) else None
     try:
         if not pc.any(binary).as_py():
-            out = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type, format="text")
+            out = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type, format="text",
+                          target=keep)
         else:
             as_text = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type,
-                              format="text")
+                              format="text", target=keep)
             as_binary = convert(pc.if_else(binary, value, pa.nulls(len(value), pa.binary())), pg_type,
-                                format="binary")
+                                format="binary", target=keep)
             out = pc.if_else(binary, as_binary, as_text)
     except TypeConversionError as exc:
         raise TypeConversionError(

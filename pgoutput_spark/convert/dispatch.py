@@ -56,7 +56,8 @@ def arrow_type(t: PgType) -> pa.DataType:
     return _codec(t).arrow_type(t)
 
 
-def _string_target(t: PgType) -> pa.DataType:
+def text_type(t: PgType) -> pa.DataType:
+    """The Arrow type of the column kept as PostgreSQL's text: string, or nested lists of it for arrays."""
     result: pa.DataType = pa.string()
     if t.is_array:
         for _ in range(t.dimensions):
@@ -84,10 +85,10 @@ def convert(
         raise ConfigError(f"format must be 'text' or 'binary', got {format!r}")
     as_text = False
     if target is not None and target != arrow_type(t):
-        if target != _string_target(t):
+        if target != text_type(t):
             raise ConfigError(
                 f"unsupported target {target} for {t.display_name}: use {arrow_type(t)}"
-                f" or {_string_target(t)}"
+                f" or {text_type(t)}"
             )
         as_text = True
     result_type = target if target is not None else arrow_type(t)

@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..convert.dispatch import arrow_type, convert
+from ..config import TablesConfig
+from ..convert.dispatch import arrow_type, convert, text_type
 from ..convert.oids import FIRST_GENBKI_OBJECT_ID
 from ..convert.pgtype import PgType, resolve
 from ..errors import CaptureError
@@ -59,6 +60,7 @@ class PublishedTable:
     columns: tuple[tuple[str, int, int], ...]
     row_filter: str | None
     type_names: dict[int, tuple[str, str]] = field(default_factory=dict)
+    text_columns: frozenset[str] = frozenset()  # kept as PostgreSQL's text (tables.types)
 
     @property
     def qualified(self) -> str:
@@ -69,7 +71,10 @@ class PublishedTable:
 
     def arrow_columns(self) -> list[tuple[str, pa.DataType]]:
         """(name, Arrow type) of the published columns, as the change conversion types them."""
-        return [(name, arrow_type(t)) for (name, _, _), t in zip(self.columns, self.pg_types())]
+        return [(name, self.target(name, t)) for (name, _, _), t in zip(self.columns, self.pg_types())]
+
+    def target(self, name: str, t: PgType) -> pa.DataType:
+        return text_type(t) if name in self.text_columns else arrow_type(t)
 
     def select(self) -> str:
         """The query COPY runs: published columns, row filter; a partitioned table with its partitions."""
@@ -83,8 +88,14 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str]) -> list[PublishedTable]:
-    """The tables `publications` send, with their column lists and row filters (OR-ed across them)."""
+def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str],
+                     selection: TablesConfig | None = None) -> list[PublishedTable]:
+    """The tables `publications` send, with their column lists and row filters (OR-ed across them).
+
+    `selection` (the configuration's ``tables``) leaves out the tables the apply does not mirror
+    and marks the columns kept as text.
+    """
+    selection = selection or TablesConfig()
     version = conn.info.server_version
     lists = "pt.attnames, pt.rowfilter" if version >= 150000 else "NULL::name[], NULL::text"
     rows = conn.execute(
@@ -108,14 +119,17 @@ def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str])
             entry["filters"].append(rowfilter)
     out = []
     for oid, entry in merged.items():
+        if not selection.selected(f"{entry['schema']}.{entry['name']}"):
+            continue
         columns = [(name, type_oid, typmod) for name, type_oid, typmod in conn.execute(
             "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
             " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (oid,))
             if entry["all"] or name in entry["attnames"]]
         row_filter = None if entry["unfiltered"] or not entry["filters"] else \
             " OR ".join(f"({f})" for f in entry["filters"])
+        text = frozenset(selection.types.get(f"{entry['schema']}.{entry['name']}", {}))
         out.append(PublishedTable(oid, entry["schema"], entry["name"], entry["partitioned"],
-                                  tuple(columns), row_filter, _type_names(conn, columns)))
+                                  tuple(columns), row_filter, _type_names(conn, columns), text))
     return out
 
 
@@ -224,6 +238,7 @@ def snapshot_tables(
     table_name: str | None = None,
     batch_bytes: int = _BATCH_BYTES,
     progress: Callable[[TableCopy], None] | None = None,
+    selection: TablesConfig | None = None,
 ) -> SnapshotResult:
     """Create `slot` and copy every table `publications` send into a new Delta mirror under `target`.
 
@@ -240,6 +255,9 @@ def snapshot_tables(
     ``_pgoutput/snapshots`` so that the apply skips that table's changes
     committed before ``S``. The pipeline's slot, capture and other mirrors are
     not touched. For a column added with a DEFAULT, for example.
+
+    `selection` (the configuration's ``tables``) leaves out tables the apply does not mirror and
+    keeps the columns it keeps as text, as text.
     """
     from ..mirror.delta import DEFAULT_TABLE_PATH, apply_schema, catalog_name, mirror_path, plan_schema, register
 
@@ -255,7 +273,7 @@ def snapshot_tables(
         if not replace and source.slot_info() is not None:
             raise CaptureError(f"replication slot {slot_name!r} exists already: a snapshot creates its slot"
                                " (drop it, or choose another name)")
-        chosen = published_tables(check, publications)
+        chosen = published_tables(check, publications, selection)
         if replace:
             by_name = {f"{t.schema}.{t.name}": t for t in chosen}
             missing = [name for name in tables or () if name not in by_name]
@@ -402,6 +420,7 @@ def read_copy(text: Path, table: PublishedTable, schema: pa.Schema, batch_bytes:
     )
     types = table.pg_types()
     for batch in reader:
-        arrays = [convert(batch.column(i), t, format="text") for i, t in enumerate(types)]
+        arrays = [convert(batch.column(i), t, format="text", target=table.target(name, t))
+                  for i, ((name, _, _), t) in enumerate(zip(table.columns, types))]
         yield pa.record_batch(arrays, schema=schema)
 

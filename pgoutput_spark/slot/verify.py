@@ -32,6 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..config import TablesConfig
 from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError
@@ -144,12 +145,13 @@ class VerifyResult:
 
 def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str | None = None,
                    pipeline: str = "default", table_path: str | None = None, keys: bool = False,
-                   ) -> VerifyResult:
+                   selection: TablesConfig | None = None) -> VerifyResult:
     """Compare every mirror under `target` with its source table (see the module doc).
 
     `landing` is where `pgoutput-spark capture` lands (Parquet folder or Delta table): it names the
     slot and publications. With `keys`, a differing table also lists up to 20
-    primary-key values whose rows differ.
+    primary-key values whose rows differ. `selection` (the configuration's ``tables``): the tables
+    mirrored, and the columns kept as text.
     """
     from ..apply import status
     from ..mirror.delta import DEFAULT_TABLE_PATH, mirror_path
@@ -174,7 +176,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
             source.apply_settings()
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             point = Lsn(conn.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetchone()[0])  # type: ignore[index]
-            tables = published_tables(conn, publications)
+            tables = published_tables(conn, publications, selection)
             key_positions = {t.oid: _key_columns(conn, t) if keys else [] for t in tables}
             sides = {t.oid: _source_side(conn, t, work, key_positions[t.oid]) for t in tables}
             conn.execute("COMMIT")

@@ -243,3 +243,44 @@ def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
         assert not (tmp_path / "other" / "public").exists()
     finally:
         spark.sql(f"DROP NAMESPACE IF EXISTS {database} CASCADE")
+
+
+def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, tmp_path):
+    """``tables.exclude`` leaves a table out; ``tables.keys`` keys a FULL-identity table;
+    ``tables.types`` keeps a numeric column holding NaN as its text."""
+    from pgoutput_spark.config import TablesConfig
+
+    root = str(tmp_path / "target")
+    price = b.relation(6, "public", "price", "d", [(1, "id", INT4, -1), (0, "amount", 1700, (10 << 16 | 2) + 4)])
+    msgs = [*_first_slice(), *_txn(702, 3000, price, b.insert(6, _t(1, "NaN")), b.insert(6, _t(2, "1.50")))]
+    tables = TablesConfig(exclude=("public.o*",), keys={"Mixed Case.t/wo": ("k",)},
+                          types={"public.price": {"amount": "string"}})
+    result = run_apply(spark, _frame(spark, msgs), root, tables=tables)
+    assert result.excluded == ("public.one",)
+    assert "not mirrored (tables.include / exclude): public.one" in result.render()
+    assert not (tmp_path / "target" / "public" / "one").exists()
+    # Keyed by k: the second ("dup", 1) insert overwrote the first, the update changed it to 2.
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 2), ("other", 5)]
+    prices = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "price"))
+    assert prices.schema["amount"].dataType == T.StringType()
+    assert sorted(tuple(r) for r in prices.collect()) == [(1, "NaN"), (2, "1.50")]
+
+    # Without the override the NaN cannot be a decimal: the run stops, naming the column.
+    from pgoutput_spark.errors import TypeConversionError
+
+    other = str(tmp_path / "other")
+    with pytest.raises(Exception, match=r"public\.price\.amount") as failure:
+        run_apply(spark, _frame(spark, msgs), other, tables=TablesConfig(include=("public.price",)))
+    assert failure.type is TypeConversionError or "TypeConversionError" in str(failure.value)
+
+
+def test_a_key_override_for_a_table_with_a_key_fails_before_anything_is_written(spark, tmp_path):
+    from pgoutput_spark.config import TablesConfig
+    from pgoutput_spark.errors import ConfigError
+
+    root = str(tmp_path / "target")
+    for keys, message in [({"public.one": ("big",)}, r"public\.one has a replica identity key \(id\)"),
+                          ({"Mixed Case.t/wo": ("nope",)}, r"no column nope in Mixed Case\.t/wo")]:
+        with pytest.raises(ConfigError, match=message):
+            run_apply(spark, _frame(spark, _first_slice()), root, tables=TablesConfig(keys=keys))
+        assert not (tmp_path / "target" / "public").exists()

@@ -24,10 +24,11 @@ slice, and Delta skips the merges that already committed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -123,10 +124,11 @@ class ApplyResult:
     skipped: bool = False
     duration_s: float = 0.0
     excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
+    note: str | None = None  # what a bounded (backfill) slice did besides the plain case
 
     def render(self) -> str:
         if self.skipped:
-            return f"nothing new after seq {self.lo}: no Delta commit"
+            return self.note or f"nothing new after seq {self.lo}: no Delta commit"
         start = "the start" if self.lo is None else f"seq {self.lo}"
         applied = ("no transaction committed in this slice" if self.from_lsn is None else
                    f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}")
@@ -136,6 +138,8 @@ class ApplyResult:
                  f"transactions applied: {self.transactions}",
                  f"quarantined messages: {self.quarantined_messages}",
                  f"rows of open transactions carried over: {self.open_rows}"]
+        if self.note:
+            lines.insert(1, self.note)
         if self.excluded:
             lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
         if self.tables:
@@ -249,13 +253,28 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               columns: CaptureColumns | None = None, pipeline: str = "default",
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
               parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH,
-              table_name: str | None = None, tables: TablesConfig | None = None) -> ApplyResult:
+              table_name: str | None = None, tables: TablesConfig | None = None,
+              until_seq: int | None = None, until_lsn: int | None = None,
+              slice_where: str | None = None,
+              progress: Callable[[str], None] | None = None) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
     ``table_name``, if given, names each in the catalog too (an external Delta
     table; e.g. ``mirrors.{schema}__{table}``). ``tables`` chooses the tables
     mirrored and their key and type overrides (the configuration's ``tables``).
+
+    A bounded slice, for backfills, ends at ``until_seq``, at the last message
+    at or before ``until_lsn``, or at the last row of ``capture`` matching the
+    SQL predicate ``slice_where`` (a capture partition, e.g. ``"landed_date =
+    '2026-11-01'"``); with several, the earliest end. The run applies
+    everything after the target's position up to that end: a slice the target
+    already holds is skipped (and says so), one whose earlier slices were not
+    applied yet applies them too (and says so), so slices are safe to re-run,
+    to run late and to run out of order.
+
+    ``progress`` hears one line per stage: the slice, transactions and tables
+    found, each table written (the command line prints them on stderr).
     """
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
@@ -264,18 +283,37 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         lease = ledger.lease()
     lo = lease.lo
     redone = lease.status == "running"
+    note = None
     if redone:  # the previous run died: redo exactly its slice
         assert lease.hi is not None
         hi = lease.hi
+        if until_seq is not None or until_lsn is not None or slice_where is not None:
+            note = f"finishing the interrupted run's slice (up to seq {hi}) first; run the slice again after it"
     else:
         newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
         with _step("find the slice's end"):
+            end, start = _slice_end(capture, canonical, columns or CaptureColumns(), until_seq, until_lsn,
+                                    slice_where)
+            if end is not None:
+                newer = newer.where(F.col("seq") <= end)
             hi = newer.agg(F.max("seq")).first()[0]
         if hi is None:
+            if end is not None and lo is not None and end <= lo:
+                return ApplyResult(lo, None, skipped=True, note=(
+                    f"the slice ends at seq {end} and the target holds every change up to seq {lo} "
+                    f"already: nothing to apply, no Delta commit"))
             return ApplyResult(lo, None, skipped=True)
+        if start is not None and start > (lo if lo is not None else -1) + 1 and \
+                newer.where(F.col("seq") < start).limit(1).count():
+            note = (f"the target was behind this slice (it held up to "
+                    f"{'nothing' if lo is None else f'seq {lo}'}; the slice starts at seq {start}): "
+                    f"the rows before the slice were applied too")
     run_id = uuid.uuid4().hex
     with _step("claim the slice"):
         ledger.claim(lease, run_id, hi)
+    say = progress or (lambda line: None)
+    say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
+        + (" (redoing an interrupted run)" if redone else ""))
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
@@ -286,16 +324,40 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false")
     spark.conf.set("spark.sql.caseSensitive", "true")
     try:
-        return _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                    table_path, table_name, tables or TablesConfig())
+        result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
+                      table_path, table_name, tables or TablesConfig(), say)
+        return dataclasses.replace(result, note=note)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         decoded.unpersist()
 
 
+def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns, until_seq: int | None,
+               until_lsn: int | None, slice_where: str | None) -> tuple[int | None, int | None]:
+    """(last seq, first seq) of a bounded slice; (None, None) when unbounded."""
+    ends: list[int] = [] if until_seq is None else [until_seq]
+    start = None
+    if until_lsn is not None:
+        row = canonical.where(F.col("lsn") <= until_lsn).agg(F.max("seq")).first()
+        ends.append(row[0] if row[0] is not None else -1)
+    if slice_where is not None:
+        try:
+            row = capture.where(F.expr(slice_where)).agg(F.max(columns.seq), F.min(columns.seq)).first()
+        except Exception as exc:
+            raise ConfigError(f"--slice-where {slice_where!r} is not a predicate on the capture's columns "
+                              f"({', '.join(capture.columns)}): {str(exc).splitlines()[0]}") from exc
+        if row[0] is None:
+            raise ConfigError(f"no capture row matches the slice {slice_where!r}: nothing to apply "
+                              f"(has that partition landed?)")
+        ends.append(row[0])
+        start = row[1]
+    return (min(ends) if ends else None), start
+
+
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
-         table_path: str, table_name: str | None, tables: TablesConfig) -> ApplyResult:
+         table_path: str, table_name: str | None, tables: TablesConfig,
+         say: Callable[[str], None]) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -318,6 +380,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
                                  F.countDistinct("commit_seq")).first()
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
+        say(f"decoded and assembled: {transactions} committed transactions touching {len(relations)} tables")
         for relation_id in relations:
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
@@ -364,7 +427,12 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step(f"write {len(relations)} tables"), \
                     ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
                 for done in pool.map(mirror, by_path.values()):
-                    results.extend(done)
+                    for t in done:
+                        results.append(t)
+                        say(f"table {len(results)}/{len(relations)} {t.status}: {t.table} "
+                            f"+{t.inserted} ~{t.updated} -{t.deleted}"
+                            + (f" skipped {t.skipped}" if t.skipped else "")
+                            + (" truncated" if t.truncated else ""))
         with _step("save open transactions"):
             n_open = assembled.open_rows.count()
             if n_open:  # the next run reads them back by this run's hi

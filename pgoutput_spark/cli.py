@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .capture import CaptureColumns, read_capture
 from .config import Config, load_config
 from .errors import ConfigError, DecodeError, PgoutputSparkError
+from .lsn import Lsn
 
 _TASK_ERROR = re.compile(r"pgoutput_spark\.errors\.(\w+): (.*)")
 
@@ -124,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--on-error", choices=["fail", "quarantine"])
     apply.add_argument("--quarantine", help=argparse.SUPPRESS)
     apply.add_argument("--parallelism", type=int, help="tables merged at once (default: apply.parallelism)")
+    bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
+    bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
+    bounded.add_argument("--until-lsn", metavar="LSN", help="end the slice at the last message at or before this LSN")
+    bounded.add_argument("--slice-where", metavar="SQL",
+                         help="end the slice at the last capture row matching this predicate, "
+                              "e.g. \"landed_date = '2026-11-01'\"")
     apply.add_argument("--master", help="Spark master (default from the configuration)")
     status = sub.add_parser("status", help="print a target's runs and its consistent read point")
     status.add_argument("--config", help="configuration file (default: built-in defaults)")
@@ -134,10 +143,15 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--on-error", help=argparse.SUPPRESS)
     status.add_argument("--quarantine", help=argparse.SUPPRESS)
     status.add_argument("--master", help="Spark master (default from the configuration)")
+    for name, command in sub.choices.items():
+        command.add_argument("--json", action="store_true",
+                             help="print the result as one JSON object (errors too) for schedulers")
+        if name not in ("snapshot", "capture"):  # those two have their own --quiet
+            command.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
-def run_capture_command(args: argparse.Namespace) -> str:
+def run_capture_command(args: argparse.Namespace) -> Any:
     from .slot.capture import capture_slot
 
     spark = None
@@ -153,10 +167,10 @@ def run_capture_command(args: argparse.Namespace) -> str:
                           two_phase=args.two_phase, messages=args.messages, binary=args.binary,
                           origin=args.origin, create_slot=args.create_slot, chunk_size=args.chunk_size,
                           until_lsn=args.until_lsn, max_messages=args.max_messages, progress=progress)
-    return result.render()
+    return result
 
 
-def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
+def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
     from .slot.snapshot import snapshot_tables
     from .spark.session import build_spark_session
 
@@ -169,18 +183,18 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> str:
                              dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
                              progress=progress, selection=config.tables)
-    return result.render()
+    return result
 
 
-def run_verify_command(config: Config, args: argparse.Namespace) -> tuple[str, bool]:
-    """The rendered comparison, and whether no table differs."""
+def run_verify_command(config: Config, args: argparse.Namespace) -> Any:
+    """The comparison (``differing``: the tables that differ)."""
     from .slot.verify import verify_mirrors
     from .spark.session import build_spark_session
 
     spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
     result = verify_mirrors(spark, args.target, args.landing, dsn=args.dsn, pipeline=config.changes.pipeline,
                             table_path=config.apply.table_path, keys=args.keys, selection=config.tables)
-    return result.render(), not result.differing
+    return result
 
 
 def _capture(config: Config):  # type: ignore[no-untyped-def]
@@ -194,35 +208,37 @@ def _capture(config: Config):  # type: ignore[no-untyped-def]
     return spark, capture, columns
 
 
-def run_apply_command(config: Config, target: str, parallelism: int | None = None) -> str:
+def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     from .apply import run_apply
 
     spark, capture, columns = _capture(config)
-    result = run_apply(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
+    result = run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
                        on_error=config.decode.on_error,  # type: ignore[arg-type]
                        skip_origins=config.changes.skip_origins,
-                       parallelism=parallelism or config.apply.parallelism,
+                       parallelism=args.parallelism or config.apply.parallelism,
                        table_path=config.apply.table_path, table_name=config.apply.table_name,
-                       tables=config.tables)
-    return result.render()
+                       tables=config.tables, until_seq=args.until_seq,
+                       until_lsn=None if args.until_lsn is None else int(Lsn(args.until_lsn)),
+                       slice_where=args.slice_where, progress=_progress(args))
+    return result
 
 
-def run_status_command(config: Config, target: str) -> str:
+def run_status_command(config: Config, target: str) -> Any:
     from .apply import status
     from .spark.session import build_spark_session
 
     spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
-    return status(spark, target, config.changes.pipeline).render()
+    return status(spark, target, config.changes.pipeline)
 
 
-def run_changes_command(config: Config, target: str) -> str:
+def run_changes_command(config: Config, target: str) -> Any:
     from .changefeed import run_changes
 
     spark, capture, columns = _capture(config)
     result = run_changes(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
                          on_error=config.decode.on_error,  # type: ignore[arg-type]
                          skip_origins=config.changes.skip_origins)
-    return result.render()
+    return result
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
@@ -247,8 +263,8 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     return dataclasses.replace(config, capture=capture, decode=decode, spark=spark, changes=changes)
 
 
-def run_decode(config: Config, output: str | None = None) -> str:
-    """Decode the configured capture; returns the rendered summary."""
+def run_decode(config: Config, output: str | None = None) -> Any:
+    """Decode the configured capture; returns its summary."""
     from .spark.decode import decode, quarantined
     from .spark.session import build_spark_session
     from .spark.summary import summarize
@@ -269,40 +285,71 @@ def run_decode(config: Config, output: str | None = None) -> str:
             quarantined(decoded).write.format("delta").mode("append").save(config.decode.quarantine_path)
     finally:
         decoded.unpersist()
-    return summary.render()
+    return summary
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """Progress lines go to stderr (stdout keeps the summary or the JSON), unless --quiet."""
+    if args.quiet:
+        return None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not f.name.startswith("_")}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)  # timestamps, paths: their text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    as_json = getattr(args, "json", False)
     try:
         if args.command == "capture":
-            print(run_capture_command(args))
-            return 0
-        config = _apply_overrides(load_config(args.config), args)
-        if args.command == "decode":
-            print(run_decode(config, args.output))
-        elif args.command == "changes":
-            print(run_changes_command(config, args.target))
-        elif args.command == "apply":
-            print(run_apply_command(config, args.target, args.parallelism))
-        elif args.command == "snapshot":
-            print(run_snapshot_command(config, args))
-        elif args.command == "verify":
-            text, ok = run_verify_command(config, args)
-            print(text)
-            return 0 if ok else 3
-        elif args.command == "status":
-            print(run_status_command(config, args.target))
-        return 0
+            result = run_capture_command(args)
+        else:
+            config = _apply_overrides(load_config(args.config), args)
+            if args.command == "decode":
+                result = run_decode(config, args.output)
+            elif args.command == "changes":
+                result = run_changes_command(config, args.target)
+            elif args.command == "apply":
+                result = run_apply_command(config, args)
+            elif args.command == "snapshot":
+                result = run_snapshot_command(config, args)
+            elif args.command == "verify":
+                result = run_verify_command(config, args)
+            else:
+                result = run_status_command(config, args.target)
+        if as_json:
+            print(json.dumps({"command": args.command, "ok": True, "result": _jsonable(result)}))
+        else:
+            print(result.render())
+        return 3 if args.command == "verify" and result.differing else 0
     except PgoutputSparkError as exc:
-        print(f"pgoutput-spark: error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, exc)
     except Exception as exc:  # Spark wraps errors raised inside tasks
         recovered = task_error(exc)
         if recovered is None:
             raise
-        print(f"pgoutput-spark: error: {recovered}", file=sys.stderr)
-        return 1
+        return _failed(args, recovered)
+
+
+def _failed(args: argparse.Namespace, exc: Exception) -> int:
+    """One line on stderr (and, with --json, one JSON object on stdout); exit code 1."""
+    reason = " ".join(str(exc).split())
+    print(f"pgoutput-spark: error: {reason}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"command": args.command, "ok": False, "error": type(exc).__name__,
+                          "reason": reason}))
+    return 1
 
 
 if __name__ == "__main__":

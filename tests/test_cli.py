@@ -110,14 +110,37 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     from pgoutput_spark import decode_message
     from pgoutput_spark.lsn import Lsn
 
+    import json
+
     target = str(tmp_path / "mirrors")
-    assert main(["apply", "--config", str(ROOT / "conf" / "local.yaml"), "--target", target]) == 0
-    out = capsys.readouterr().out
-    assert "capture slice: after the start up to seq 1808" in out
-    for table in ("shop.customers", "shop.orders", "shop.products"):
-        assert f"\n{table} " in out
+    # A backfill slice (a predicate on the capture's columns), then the rest, as JSON.
+    assert main(["apply", "--config", str(ROOT / "conf" / "local.yaml"), "--target", target,
+                 "--slice-where", "seq <= 900"]) == 0
+    captured = capsys.readouterr()
+    assert "capture slice: after the start up to seq 900" in captured.out
+    assert "slice claimed: after the start up to seq 900" in captured.err  # progress on stderr
+    assert main(["apply", "--target", target, "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert (result["ok"], result["result"]["lo"], result["result"]["hi"]) == (True, 900, 1808)
+    assert "shop.orders" in {t["table"] for t in result["result"]["tables"]}
+    assert "table 1/" in captured.err
+    # The first slice again: the target holds it already.
+    assert main(["apply", "--target", target, "--until-seq", "900", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == ("the slice ends at seq 900 and the target holds every change up to "
+                                    "seq 1808 already: nothing to apply, no Delta commit")
+    assert captured.err == ""
     assert main(["apply", "--target", target]) == 0
     assert "nothing new after seq 1808: no Delta commit" in capsys.readouterr().out
+    # A failure is one line on stderr and, with --json, one object on stdout.
+    assert main(["apply", "--target", target, "--slice-where", "landed_date = '2026-11-01'", "--json"]) == 1
+    captured = capsys.readouterr()
+    failure = json.loads(captured.out)
+    assert (failure["ok"], failure["error"]) == (False, "ConfigError")
+    assert failure["reason"].startswith("--slice-where \"landed_date = '2026-11-01'\" is not a predicate")
+    ours = [line for line in captured.err.splitlines() if line.startswith("pgoutput-spark")]
+    assert len(ours) == 1 and ours[0].startswith("pgoutput-spark: error: --slice-where")
     assert main(["status", "--target", target]) == 0
     out = capsys.readouterr().out
     # The read point is the capture's last commit, read from the raw bytes.
@@ -125,7 +148,7 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
            for m in pq.read_table(f, columns=["data"]).column("data").to_pylist()]
     last_commit = max(decode_message(m).commit_lsn for m in raw if m[:1] == b"C")
     assert f"consistent read point: {Lsn(last_commit)}" in out
-    assert "runs: 1" in out and "mirrors:" in out and "shop.orders" in out
+    assert "runs: 2" in out and "mirrors:" in out and "shop.orders" in out
 
 
 def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, restore_spark_conf):

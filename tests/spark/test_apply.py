@@ -284,3 +284,37 @@ def test_a_key_override_for_a_table_with_a_key_fails_before_anything_is_written(
         with pytest.raises(ConfigError, match=message):
             run_apply(spark, _frame(spark, _first_slice()), root, tables=TablesConfig(keys=keys))
         assert not (tmp_path / "target" / "public").exists()
+
+
+def test_backfill_slices_rerun_late_and_out_of_order(spark, tmp_path):
+    """Slices by capture partition: the later one first applies both; the earlier one is then skipped."""
+    from pyspark.sql import functions as F
+
+    from pgoutput_spark.errors import ConfigError
+
+    root = str(tmp_path / "target")
+    first = _first_slice()
+    capture = _frame(spark, first + _second_slice()).withColumn(
+        "part", F.when(F.col("seq") < len(first), "day1").otherwise("day2"))
+    late = run_apply(spark, capture, root, slice_where="part = 'day2'")
+    assert (late.lo, late.hi) == (None, len(first) + len(_second_slice()) - 1)
+    assert late.note.startswith("the target was behind this slice (it held up to nothing; "
+                                f"the slice starts at seq {len(first)})")
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
+    paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
+    before = [_commits(spark, p) for p in paths]
+    for again in ("part = 'day1'", "part = 'day2'"):
+        skipped = run_apply(spark, capture, root, slice_where=again)
+        assert skipped.skipped and "the target holds every change up to seq" in skipped.render()
+    assert [_commits(spark, p) for p in paths] == before
+    with pytest.raises(ConfigError, match=r"no capture row matches the slice \"part = 'day3'\""):
+        run_apply(spark, capture, root, slice_where="part = 'day3'")
+
+    # In order, bounded by LSN: the first slice ends at its last commit's LSN.
+    ordered = str(tmp_path / "ordered")
+    r1 = run_apply(spark, capture, ordered, until_lsn=100 + len(first) - 1)
+    assert (r1.hi, r1.to_lsn, r1.note) == (len(first) - 1, 2000, None)
+    assert _mirror(spark, ordered, "public", "one") == [(1, "x" * 3000), (2, "two")]
+    r2 = run_apply(spark, capture, ordered, until_seq=10_000)
+    assert _mirror(spark, ordered, "public", "one") == EXPECTED_ONE and r2.lo == r1.hi

@@ -456,7 +456,7 @@ def merge_metrics(spark: Any, path: str) -> dict[str, int]:
 def delta_checks(spark: Any, root: str, checks: dict[str, str]) -> dict[str, list[int]]:
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirror.delta import mirror_path
+    from pgoutput_spark.mirroring.delta import mirror_path
 
     out = {}
     for table, column in checks.items():
@@ -600,7 +600,7 @@ def run_e2e(spark: Any, info: dict[str, Any], path: Path, out: Path, runs: int) 
 
     from pgoutput_spark import read_capture
     from pgoutput_spark.apply import run_apply
-    from pgoutput_spark.mirror.delta import mirror_path
+    from pgoutput_spark.mirroring.delta import mirror_path
 
     target, warm = out / "e2e", out / "e2e-warmup"
     for folder in (target, warm):
@@ -673,7 +673,7 @@ def merge_mirror(spark: Any, base: Path, rows: int, rows_per_file: int) -> None:
     """The merge table's mirror, created as the job creates mirrors, then `rows` rows appended."""
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirror.delta import apply_schema, mirror_path, plan_schema
+    from pgoutput_spark.mirroring.delta import apply_schema, mirror_path, plan_schema
 
     partial = base.with_name(base.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -699,7 +699,7 @@ def time_merge(spark: Any, info: dict[str, Any], path: Path, base: Path, out: Pa
 
     from pgoutput_spark import read_capture
     from pgoutput_spark.apply import run_apply
-    from pgoutput_spark.mirror.delta import mirror_path
+    from pgoutput_spark.mirroring.delta import mirror_path
 
     rows = info["rows"]
     target = out / f"merge-{rows}-{variant}"

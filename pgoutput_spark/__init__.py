@@ -1,8 +1,13 @@
 """pgoutput-spark: decode and apply PostgreSQL pgoutput captures with Spark.
 
+The notebook API: `read_capture` (a capture as a DataFrame), `decode`
+(decoded messages), `changes` (typed change DataFrames per table), `mirror`
+(a mirror, now or as of a source LSN), `status` (run history and consistent
+read point), `decode_message` (one message, printed like the protocol docs).
+
 The decoder (`decode_message`, `pgoutput_spark.decoder`) has no Spark import;
-`decode` and `read_capture` are loaded lazily so that ``import pgoutput_spark``
-stays cheap where Spark is not needed.
+the Spark functions are loaded lazily so that ``import pgoutput_spark`` stays
+cheap where Spark is not needed.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ __all__ = [
     "PgoutputSparkError",
     "StreamStateError",
     "build_spark_session",
+    "changes",
     "decode",
     "decode_message",
+    "mirror",
     "quarantined",
     "read_capture",
+    "status",
 ]
 
 
@@ -45,6 +53,14 @@ def __getattr__(name: str) -> Any:
         from .capture import read_capture
 
         return read_capture
+    if name in ("mirror", "status"):
+        from . import apply
+
+        return getattr(apply, name)
+    if name == "changes":
+        from .spark.changes import change_frames
+
+        return change_frames
     if name == "build_spark_session":
         from .spark.session import build_spark_session
 

@@ -2,7 +2,7 @@
 
 Layout under the target root::
 
-    <root>/<schema>/<table>/        one mirror per source table (`mirror.delta.mirror_path`)
+    <root>/<schema>/<table>/        one mirror per source table (`mirroring.delta.mirror_path`)
     <root>/_runs/                   one row per finished run (Delta; `status` prints it)
     <root>/_pgoutput/lease/         the pipeline's position and the run holding it (one row)
     <root>/_pgoutput/relations/     every Relation / Type message seen
@@ -25,6 +25,7 @@ slice, and Delta skips the merges that already committed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -43,8 +44,8 @@ from .capture import CaptureColumns, _is_delta
 from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
-from .mirror.net import TableSpec
-from .mirror.delta import (
+from .mirroring.net import TableSpec
+from .mirroring.delta import (
     DEFAULT_TABLE_PATH,
     CatalogError,
     SchemaPlan,
@@ -662,3 +663,80 @@ def status(spark: SparkSession, target: str, pipeline: str = "default") -> Statu
         if _is_delta(spark, path):
             mirrors[table] = (path, spark.read.format("delta").load(path).count())
     return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors)
+
+
+# -- reading mirrors --------------------------------------------------------------------------------
+
+
+class NotReadableError(PgoutputSparkError):
+    """A mirror cannot show the source at the LSN asked for."""
+
+
+def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str | None = None,
+           pipeline: str = "default") -> DataFrame:
+    """The mirror of source table ``table`` (``schema.table``, as in the source) under ``target``.
+
+    With ``as_of_lsn``, the mirror as the source table was at that LSN, read by
+    Delta time travel: the version of the newest of the mirror's commits
+    whose recorded ``to_lsn`` (the run's last applied commit, or a
+    snapshot's consistent point) is at or before it. Runs apply whole
+    slices, so an LSN strictly inside a run's commit range (after its first
+    commit, before its last) cannot be shown and raises `NotReadableError`
+    naming the nearest LSNs that can, as does an LSN past the consistent read
+    point (not applied yet) or before a snapshot the mirror started from.
+    """
+    from .mirroring.delta import METADATA_KEY
+
+    ledger = Ledger(spark, target, pipeline)
+    runs = status(spark, target, pipeline)
+    paths = {t: p for t, (p, _) in runs.mirrors.items()}
+    path = paths.get(table)
+    if path is None:  # a snapshot-only mirror has no run yet: its path by the default layout
+        schema, _, name = table.partition(".")
+        candidate = mirror_path(ledger.root, schema, name)
+        if not name or not _is_delta(spark, candidate):
+            known = ", ".join(sorted(paths)) or "none"
+            raise NotReadableError(f"no mirror of {table} under {target} (mirrors with runs: {known})")
+        path = candidate
+    if as_of_lsn is None:
+        return spark.read.format("delta").load(path)
+    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
+    commits = []  # (version, to_lsn) of the mirror's commits that record what they applied
+    for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "userMetadata").collect():
+        try:
+            meta = json.loads(row["userMetadata"] or "{}").get(METADATA_KEY) or {}
+        except ValueError:
+            continue
+        if meta.get("pipeline", pipeline) == pipeline and meta.get("to_lsn") is not None:
+            commits.append((row["version"], int(meta["to_lsn"])))
+    commits.sort()
+    readable = sorted({lsn for _, lsn in commits} | {r["to_lsn"] for r in runs.runs if r["to_lsn"] is not None})
+    point = runs.read_point if runs.read_point is not None else max((lsn for _, lsn in commits), default=None)
+    if point is None or at > point:
+        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
+                               f"{'nothing applied' if point is None else Lsn(point)}")
+    for run in runs.runs:
+        if run["from_lsn"] is not None and run["from_lsn"] <= at < run["to_lsn"]:
+            before = max((lsn for lsn in readable if lsn < run["from_lsn"]), default=None)
+            raise NotReadableError(
+                f"{Lsn(at)} is inside the commits one run applied at once ({Lsn(run['from_lsn'])} .. "
+                f"{Lsn(run['to_lsn'])}): {table} can be read as of "
+                + (f"{Lsn(before)} or " if before is not None else "") + f"{Lsn(run['to_lsn'])}")
+    version = max((v for v, lsn in commits if lsn <= at), default=None)
+    if version is None:
+        if commits and _started_by_snapshot(spark, path):
+            raise NotReadableError(f"the mirror of {table} starts with a snapshot as of {Lsn(commits[0][1])}, "
+                                   f"after {Lsn(at)}")
+        # No change to the table was applied up to then: the source table held no rows.
+        return spark.read.format("delta").load(path).limit(0)
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
+    from .mirroring.delta import METADATA_KEY
+
+    first = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").select("userMetadata").first()
+    try:
+        return bool(first and json.loads(first[0] or "{}").get(METADATA_KEY, {}).get("snapshot"))
+    except ValueError:
+        return False

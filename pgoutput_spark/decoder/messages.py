@@ -8,6 +8,7 @@ agree byte for byte and error for error.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -45,11 +46,76 @@ class RelationColumn:
         return bool(self.flags & COLUMN_FLAG_KEY)
 
 
+#: The wire type of each field, as the protocol documentation names it (`Message.describe`).
+_WIRE = {
+    "xid": "Int32 (TransactionId)", "subxid": "Int32 (TransactionId)", "relation_id": "Int32 (Oid)",
+    "type_id": "Int32 (Oid)", "flags": "Int8", "options": "Int8", "first_segment": "Int8",
+    "replica_identity": "Int8", "old_kind": "Byte1", "transactional": "flags & 1",
+    "cascade": "options & 1", "restart_identity": "options & 2", "content": "Int32 + Byten",
+    "columns": "Int16 + columns", "relation_ids": "Int32 + Int32 (Oid)[]",
+    "new_tuple": "TupleData", "old_tuple": "TupleData",
+}
+
+
+def _wire(name: str, value: Any) -> str:
+    if name in _WIRE:
+        return _WIRE[name]
+    if isinstance(value, Lsn) or name.endswith("_lsn") or name == "lsn":
+        return "Int64 (XLogRecPtr)"
+    if isinstance(value, datetime) or name.endswith("_ts"):
+        return "Int64 (TimestampTz)"
+    return "String"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, Lsn):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        code = chr(value.value) if isinstance(value.value, int) else value.value
+        return f"{value.name.lower()} ({code!r})"
+    if isinstance(value, bytes) and len(value) > 60:
+        return f"{value[:60]!r}... ({len(value)} bytes)"
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class Message:
     """Base of all decoded messages."""
 
     type: ClassVar[MessageType]
+
+    def describe(self) -> str:
+        """The message laid out like the protocol documentation: type byte, then each field.
+
+        ``str(message)`` (and ``print``) gives this; ``repr`` stays the dataclass form.
+        """
+        lines = [f"{type(self).__name__}  Byte1({chr(self.type.value)!r})"]
+        fields = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+        width = max([len(name) for name, _ in fields] or [0])
+        kinds = max([len(_wire(name, value)) for name, value in fields] or [0])
+        for name, value in fields:
+            if name == "xid" and value is None:
+                continue  # no leading xid: the message is outside a stream block
+            if name == "columns":
+                lines.append(f"  {_wire(name, value):<{kinds}}  {name:<{width}}  {len(value)}")
+                for c in value:
+                    lines.append(f"      flags {c.flags} ({'key' if c.is_key else 'not key'})  name {c.name!r}  "
+                                 f"type {c.type_oid}  typmod {c.type_modifier}")
+            elif name in ("new_tuple", "old_tuple") and value is not None:
+                lines.append(f"  {_wire(name, value):<{kinds}}  {name:<{width}}  {len(value)} columns")
+                for i, v in enumerate(value):
+                    lines.append(f"      [{i}] {v!r}")
+            else:
+                lines.append(f"  {_wire(name, value):<{kinds}}  {name:<{width}}  {_shown(value)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython / Jupyter display
+        printer.text(self.describe())
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ def snapshot_tables(
     `selection` (the configuration's ``tables``) leaves out tables the apply does not mirror and
     keeps the columns it keeps as text, as text.
     """
-    from ..mirror.delta import DEFAULT_TABLE_PATH, apply_schema, catalog_name, mirror_path, plan_schema, register
+    from ..mirroring.delta import DEFAULT_TABLE_PATH, apply_schema, catalog_name, mirror_path, plan_schema, register
 
     if (slot is None) == (tables is None):
         raise CaptureError("pass either slot (a new pipeline) or tables (a re-snapshot), not both")
@@ -350,7 +350,7 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
 
     `partial` hears of every `batch_bytes` of text received and every block converted.
     """
-    from ..mirror.delta import METADATA_KEY, TableSpec, append
+    from ..mirroring.delta import METADATA_KEY, TableSpec, append
     from pyspark.sql.pandas.types import from_arrow_schema
 
     work = Path(target) / "_pgoutput" / "snapshot" / str(table.oid)

@@ -154,7 +154,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     mirrored, and the columns kept as text.
     """
     from ..apply import status
-    from ..mirror.delta import DEFAULT_TABLE_PATH, mirror_path
+    from ..mirroring.delta import DEFAULT_TABLE_PATH, mirror_path
 
     from ..capture import _is_delta
 
@@ -250,7 +250,7 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
-    from ..mirror.delta import quote
+    from ..mirroring.delta import quote
 
     if not _is_delta(spark, path):
         return None

@@ -165,3 +165,17 @@ def test_commit_time_past_year_9999_is_a_decode_error():
     data = bytes.fromhex("430000000000016b374800000000016b3780040000000001e240")
     with pytest.raises(DecodeError, match="Commit.commit_ts: value at offset 18 out of range"):
         decode_message(data)
+
+
+def test_messages_print_like_the_protocol_docs():
+    """``print(message)``: the type byte, then each field with its wire type; ``repr`` is unchanged."""
+    from pgoutput_spark import decode_message
+
+    begin = decode_message(b"B\x00\x00\x00\x00\x01\x6b\x37\x48" + bytes(8) + b"\x00\x00\x02\x9a")
+    assert str(begin).splitlines() == [
+        "Begin  Byte1('B')",
+        "  Int64 (XLogRecPtr)     final_lsn  0/16B3748",
+        "  Int64 (TimestampTz)    commit_ts  2000-01-01 00:00:00+00:00",
+        "  Int32 (TransactionId)  xid        666",
+    ]
+    assert repr(begin).startswith("Begin(final_lsn=Lsn('0/16B3748'), ")

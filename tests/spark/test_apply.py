@@ -14,8 +14,8 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import apply as job
 from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
-from pgoutput_spark.mirror import delta as mirror_delta
-from pgoutput_spark.mirror.delta import SchemaChangeError
+from pgoutput_spark.mirroring import delta as mirror_delta
+from pgoutput_spark.mirroring.delta import SchemaChangeError
 
 from ..decoder import builders as b
 
@@ -97,6 +97,28 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     assert (st.read_point, st.running, st.position, len(st.runs)) == (4000, False, r2.hi, 2)
     assert "consistent read point: 0/FA0" in st.render()
     assert paths[1].endswith("/Mixed Case/t%2Fwo")
+
+    # The notebook API: a mirror now, and as the source was at an LSN (Delta time travel).
+    import pgoutput_spark
+    from pgoutput_spark.apply import NotReadableError
+
+    def rows(frame):
+        return sorted(tuple(r) for r in frame.collect())
+
+    assert rows(pgoutput_spark.mirror(spark, root, "public.one")) == EXPECTED_ONE
+    assert rows(pgoutput_spark.mirror(spark, root, "public.one", as_of_lsn=2000)) == [(1, "x" * 3000), (2, "two")]
+    assert rows(pgoutput_spark.mirror(spark, root, "Mixed Case.t/wo", as_of_lsn="0/9C4")) == \
+        [("dup", 1), ("dup", 2), ("other", 5)]  # 0/9C4 = 2500: between the runs
+    assert rows(pgoutput_spark.mirror(spark, root, "public.one", as_of_lsn=4000)) == EXPECTED_ONE
+    assert rows(pgoutput_spark.mirror(spark, root, "public.one", as_of_lsn=999)) == []  # before any change
+    with pytest.raises(NotReadableError, match=r"0/BB8 is inside the commits one run applied at once "
+                                               r"\(0/BB8 \.\. 0/FA0\): public.one can be read as of 0/7D0 or 0/FA0"):
+        pgoutput_spark.mirror(spark, root, "public.one", as_of_lsn=3000)
+    with pytest.raises(NotReadableError, match=r"not applied up to 0/1388 yet: the consistent read point is 0/FA0"):
+        pgoutput_spark.mirror(spark, root, "public.one", as_of_lsn=5000)
+    with pytest.raises(NotReadableError, match=r"no mirror of public.nope"):
+        pgoutput_spark.mirror(spark, root, "public.nope")
+    assert pgoutput_spark.status(spark, root).read_point == 4000
 
 
 def _crash(monkeypatch, target, name, *, on_call=1):

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
-from pgoutput_spark.mirror.delta import SchemaChangeError, mirror_path
+from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster

@@ -5,7 +5,7 @@ Each source table (relation OID) has one Delta table at
 mapping (so source column names keep any character), type widening and
 deletion vectors enabled.
 
-A run's MERGE into a mirror takes the rows of `pgoutput_spark.mirror.net` and
+A run's MERGE into a mirror takes the rows of `pgoutput_spark.mirroring.net` and
 is idempotent: it carries the transaction identifier ``txnAppId`` =
 ``<pipeline>:relation:<oid>``, ``txnVersion`` = the run's applied commit LSN,
 and records the run's LSN and seq range as its commit's ``userMetadata``.

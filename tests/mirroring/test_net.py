@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark.assemble.typed import change_schema
-from pgoutput_spark.mirror.net import TableSpec, net_changes
+from pgoutput_spark.mirroring.net import TableSpec, net_changes
 
 COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
 NAMES = tuple(name for name, _ in COLUMNS)
@@ -226,7 +226,7 @@ def _python_key(value):
 def test_key_codes_are_equal_exactly_for_equal_nested_values(data):
     """Vectorized codes of lists (of lists) and structs: equal codes iff equal Python values, NULL
     apart from empty and from a struct of NULLs; sliced arrays too."""
-    from pgoutput_spark.mirror.net import key_codes
+    from pgoutput_spark.mirroring.net import key_codes
 
     kinds = data.draw(st.lists(st.sampled_from(sorted(_NESTED)), min_size=1, max_size=3))
     n = data.draw(st.integers(1, 12))

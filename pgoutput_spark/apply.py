@@ -44,8 +44,10 @@ from .capture import CaptureColumns, _is_delta
 from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
+from .mirroring.history import history_fields, history_frame, merge_history
 from .mirroring.net import TableSpec
 from .mirroring.delta import (
+    DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
     CatalogError,
     SchemaPlan,
@@ -60,6 +62,7 @@ from .mirroring.delta import (
     quote,
     plan_schema,
     pre_image,
+    recorded_commits,
     register,
     sql_literal,
     table_spec,
@@ -108,6 +111,7 @@ class TableResult:
     skipped: int = 0
     truncated: bool = False
     status: str = "merged"  # merged | already applied
+    history: int | None = None  # versions written to the table's history (tables.history), if it has one
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,9 @@ class ApplyResult:
                          f"{'skipped':>8}  note")
             for t in sorted(self.tables, key=lambda t: t.table):
                 note = ", ".join(n for n in (("truncated" if t.truncated else ""),
-                                             ("" if t.status == "merged" else t.status)) if n)
+                                             ("" if t.status == "merged" else t.status),
+                                             ("" if t.history is None else f"history +{t.history} versions"))
+                                 if n)
                 lines.append(f"{t.table:<{width}}  {t.inserted:>9} {t.updated:>9} {t.deleted:>9} "
                              f"{t.skipped:>8}  {note}".rstrip())
         lines.append(f"took {self.duration_s:.1f} s")
@@ -255,6 +261,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
               parallelism: int = 4, table_path: str = DEFAULT_TABLE_PATH,
               table_name: str | None = None, tables: TablesConfig | None = None,
+              history_path: str = DEFAULT_HISTORY_PATH,
               until_seq: int | None = None, until_lsn: int | None = None,
               slice_where: str | None = None,
               progress: Callable[[str], None] | None = None) -> ApplyResult:
@@ -326,7 +333,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     spark.conf.set("spark.sql.caseSensitive", "true")
     try:
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                      table_path, table_name, tables or TablesConfig(), say)
+                      table_path, table_name, tables or TablesConfig(), say, history_path)
         return dataclasses.replace(result, note=note)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
@@ -358,7 +365,7 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
-         say: Callable[[str], None]) -> ApplyResult:
+         say: Callable[[str], None], history_path: str) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -394,6 +401,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
+            histories = {oid: _history_plan(spark, ledger.root, history, oid, plans[oid], tables, history_path)
+                         for oid in relations if tables.keeps_history(_first_name(history, oid))}
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
         if table_name:
             with _step("check catalog names"):
@@ -417,10 +426,13 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 for i, oid in enumerate(oids):
                     # A later relation on the same path finds the mirror as the earlier one left it.
                     plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path)
+                    past = histories.get(oid)
+                    if past is not None and i > 0:
+                        past = _history_plan(session, ledger.root, history, oid, plan, tables, history_path)
                     # A (re-)snapshot at S holds every transaction that committed before S.
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
-                                             to_lsn, metadata, redone, _spec(history, oid, plan, tables)))
+                                             to_lsn, metadata, redone, _spec(history, oid, plan, tables), past))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out
@@ -501,6 +513,49 @@ def _spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: TablesCo
     return TableSpec("keyed", tuple(key), tuple(columns))
 
 
+def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid: int, plan: SchemaPlan,
+                  tables: TablesConfig, template: str) -> SchemaPlan:
+    """The schema plan of a table's history table; `ConfigError` for a table without a key."""
+    name = _first_name(history, oid)
+    spec = _spec(history, oid, plan, tables)
+    if spec.mode != "keyed":
+        raise ConfigError(f"tables.history: {name} has no key (its replica identity is the whole row), so "
+                          f"its rows have no versions to follow; give it one with tables.keys; nothing was written")
+    first = history.relations[oid][0]
+    timestamp = change_schema(plan.columns).field("_commit_ts").type
+    columns = [*plan.columns, *[(f.name, f.type) for f in history_fields(timestamp)]]
+    return plan_schema(spark, mirror_path(root, first.namespace, first.name, template), f"{name} (history)",
+                       columns)  # type: ignore[arg-type]
+
+
+def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,
+                   spec: TableSpec, arrow_schema: Any, kinds: set[str], app_id: str, to_lsn: int,
+                   metadata: dict[str, Any]) -> int:
+    """The run's versions into the history table (created, or seeded from an existing mirror, first)."""
+    seed = not past.exists and plan.exists
+    apply_schema(session, past)
+    if seed:  # history starts now: the mirror's rows are the current versions, from where it stands
+        commits = recorded_commits(session, plan.path, pipeline)
+        since = commits[-1][1] if commits else 0
+        rows = session.read.format("delta").load(plan.path).select(
+            *[F.col(quote(c)) for c in spec.columns],
+            F.lit(since).cast("long").alias("_valid_from_lsn"), F.lit(None).cast("long").alias("_valid_to_lsn"),
+            F.lit(None).cast("timestamp").alias("_valid_from_ts"), F.lit(None).cast("timestamp").alias("_valid_to_ts"),
+            F.lit(True).alias("_is_current"), F.lit(None).cast("long").alias("_version_seq"))
+        _txn_write(rows, past.path, app_id, since)
+    pre = None
+    if past.exists or seed:
+        if kinds & {"update", "delete", "truncate"}:
+            pre = pre_image(session, past.path, typed, spec, current_only=True, everything="truncate" in kinds)
+    changes = history_frame(typed, pre, spec, arrow_schema).persist()
+    try:
+        versions = changes.where(F.col("_action") == "version").count()
+        merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)
+    finally:
+        changes.unpersist()
+    return versions
+
+
 def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
                    plans: dict[int, SchemaPlan]) -> dict[int, tuple[str, ...]]:
     """The catalog names the run must register; `CatalogError` for a name taken or shared."""
@@ -521,17 +576,22 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], to_lsn: int, metadata: dict[str, Any],
-                  redone: bool, spec: TableSpec) -> TableResult:
+                  redone: bool, spec: TableSpec, past: SchemaPlan | None = None) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate).
+    ``past``: the plan of the table's history table, if it has one: written first (a redone
+    run then finds the mirror as the history's versions left it).
     """
     latest = history.latest(oid)
     name = f"{latest.namespace}.{latest.name}"
     app_id = f"{ledger.pipeline}:relation:{oid}"
+    history_app_id = f"{ledger.pipeline}:history:{oid}"
     # Only a redone slice can find its merge committed (a fresh slice has a new commit LSN).
     done = applied_commit(session, plan.path, app_id, to_lsn) if redone else None
-    if done is not None:  # this table's merge committed before the run was interrupted
+    history_done = past is None or (redone and applied_commit(session, past.path, history_app_id, to_lsn)
+                                    is not None)
+    if done is not None and history_done:  # this table's merges committed before the run was interrupted
         return TableResult(name, plan.path, oid, **done, status="already applied")
     with _step(f"{name}: schema"):
         apply_schema(session, plan)
@@ -539,9 +599,17 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})
     typed = typed_change_frame(committed, oid, history, columns=plan.columns)
-    if looks_up:  # read twice: for the keys to look up, and as the changes
+    if looks_up or past is not None:  # read more than once
         typed = typed.persist()
     try:
+        versions = None
+        if not history_done:
+            assert past is not None
+            with _step(f"{name}: history"):
+                versions = _write_history(session, ledger.pipeline, typed, past, plan, spec, arrow_schema, kinds,
+                                          history_app_id, to_lsn, metadata)
+        if done is not None:
+            return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         pre = pre_image(session, plan.path, typed, spec) if looks_up else None
         net = net_frame(typed, pre, spec, arrow_schema).persist()
         try:
@@ -580,7 +648,8 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                 counts = {"inserted": sum(r["ins"] or 0 for r in summary.values()), "updated": 0,
                           "deleted": counts["deleted"] if truncated else
                           sum(r["del"] or 0 for r in summary.values())}
-            return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated)
+            return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
+                               history=versions)
         finally:
             net.unpersist()
     finally:
@@ -685,8 +754,6 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     naming the nearest LSNs that can, as does an LSN past the consistent read
     point (not applied yet) or before a snapshot the mirror started from.
     """
-    from .mirroring.delta import METADATA_KEY
-
     ledger = Ledger(spark, target, pipeline)
     runs = status(spark, target, pipeline)
     paths = {t: p for t, (p, _) in runs.mirrors.items()}
@@ -701,15 +768,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     if as_of_lsn is None:
         return spark.read.format("delta").load(path)
     at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
-    commits = []  # (version, to_lsn) of the mirror's commits that record what they applied
-    for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "userMetadata").collect():
-        try:
-            meta = json.loads(row["userMetadata"] or "{}").get(METADATA_KEY) or {}
-        except ValueError:
-            continue
-        if meta.get("pipeline", pipeline) == pipeline and meta.get("to_lsn") is not None:
-            commits.append((row["version"], int(meta["to_lsn"])))
-    commits.sort()
+    commits = recorded_commits(spark, path, pipeline)
     readable = sorted({lsn for _, lsn in commits} | {r["to_lsn"] for r in runs.runs if r["to_lsn"] is not None})
     point = runs.read_point if runs.read_point is not None else max((lsn for _, lsn in commits), default=None)
     if point is None or at > point:

@@ -217,7 +217,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                        skip_origins=config.changes.skip_origins,
                        parallelism=args.parallelism or config.apply.parallelism,
                        table_path=config.apply.table_path, table_name=config.apply.table_name,
-                       tables=config.tables, until_seq=args.until_seq,
+                       tables=config.tables, history_path=config.apply.history_path, until_seq=args.until_seq,
                        until_lsn=None if args.until_lsn is None else int(Lsn(args.until_lsn)),
                        slice_where=args.slice_where, progress=_progress(args))
     return result

@@ -60,17 +60,22 @@ class ApplyConfig:
     #: its path): dot-separated parts with ``{schema}`` and ``{table}``, the source names with
     #: any character but letters, digits and ``_`` made ``_``, lower case; e.g. ``mirrors.{schema}__{table}``.
     table_name: str | None = None
+    #: Where a table's history lives (``tables.history``), a template like ``table_path``.
+    history_path: str = "{root}/_history/{schema}/{table}"
 
     def check(self, source: str) -> None:
         if self.parallelism < 1:
             raise ConfigError(f"{source}: apply.parallelism must be at least 1, got {self.parallelism}")
-        try:
-            rendered = self.table_path.format(root="R", schema="S", table="T")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(f"{source}: apply.table_path {self.table_path!r} is not a valid template "
-                              f"(fields: {{root}}, {{schema}}, {{table}}): {exc!r}") from exc
-        if "T" not in rendered or "{table}" not in self.table_path:
-            raise ConfigError(f"{source}: apply.table_path {self.table_path!r} must contain {{table}}")
+        for key, template in (("table_path", self.table_path), ("history_path", self.history_path)):
+            try:
+                rendered = template.format(root="R", schema="S", table="T")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(f"{source}: apply.{key} {template!r} is not a valid template "
+                                  f"(fields: {{root}}, {{schema}}, {{table}}): {exc!r}") from exc
+            if "T" not in rendered or "{table}" not in template:
+                raise ConfigError(f"{source}: apply.{key} {template!r} must contain {{table}}")
+        if self.history_path == self.table_path:
+            raise ConfigError(f"{source}: apply.history_path must differ from apply.table_path")
         if self.table_name is not None:
             try:
                 parts = [p.format(schema="S", table="T") for p in self.table_name.split(".")]
@@ -97,8 +102,15 @@ class TablesConfig:
     #: ``schema.table`` -> {column: ``string``}: keep that column as PostgreSQL's text form
     #: (e.g. a ``numeric(p, s)`` column holding NaN, which a decimal cannot hold).
     types: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Patterns (as ``include``) of the tables that also get a history table (SCD type 2) at
+    #: ``apply.history_path``: every version of every row with its validity (LSN and time range).
+    history: tuple[str, ...] = ()
 
     _choices = {"types": ("string",)}
+
+    def keeps_history(self, name: str) -> bool:
+        """Whether the table ``schema.table`` also gets a history table."""
+        return any(fnmatch.fnmatchcase(name, p) for p in self.history)
 
     def selected(self, name: str) -> bool:
         """Whether the table ``schema.table`` is mirrored."""

@@ -55,6 +55,7 @@ def _segment(name: str) -> str:
 
 
 DEFAULT_TABLE_PATH = "{root}/{schema}/{table}"
+DEFAULT_HISTORY_PATH = "{root}/_history/{schema}/{table}"
 
 
 def mirror_path(root: str, namespace: str, name: str, template: str = DEFAULT_TABLE_PATH) -> str:
@@ -241,8 +242,13 @@ def apply_schema(spark: SparkSession, plan: SchemaPlan) -> None:
 # -- the run's rows -------------------------------------------------------------------------------
 
 
-def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec) -> DataFrame:
-    """The mirror's rows for the keys the run's updates and deletes look up, as change rows."""
+def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec, *,
+              current_only: bool = False, everything: bool = False) -> DataFrame:
+    """The mirror's rows for the keys the run's updates and deletes look up, as change rows.
+
+    For a history table (`history`): ``current_only`` keeps its current versions, and
+    ``everything`` takes all of them, not only the looked-up keys (a run with a truncate).
+    """
     old = F.col("_old")
     k = [f"__pgoutput_spark_key_{i}" for i in range(len(spec.key))]  # clash-free names
     if spec.mode == "keyed":
@@ -254,12 +260,14 @@ def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec)
         looked_up = typed.where(old.isNotNull()).select(
             *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
     target = spark.read.format("delta").load(path)
+    if current_only:
+        target = target.where(F.col("_is_current"))
     equal = [(F.col(quote(c)).eqNullSafe(F.col(k[i])) if spec.mode == "multiset"
               else F.col(quote(c)) == F.col(k[i])) for i, c in enumerate(spec.key)]
     condition = equal[0]
     for more in equal[1:]:
         condition = condition & more
-    rows = target.join(looked_up.distinct(), condition, "left_semi")
+    rows = target if everything else target.join(looked_up.distinct(), condition, "left_semi")
     schema = typed.schema
     present = set(target.columns)
     columns = []
@@ -361,6 +369,19 @@ def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, versio
      .option("txnAppId", app_id).option("txnVersion", version)
      .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
      .save(path))
+
+
+def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:
+    """(Delta version, to_lsn) of the commits of ``pipeline`` that record what they applied, oldest first."""
+    out = []
+    for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "userMetadata").collect():
+        try:
+            meta = json.loads(row["userMetadata"] or "{}").get(METADATA_KEY) or {}
+        except ValueError:
+            continue
+        if meta.get("pipeline", pipeline) == pipeline and meta.get("to_lsn") is not None:
+            out.append((row["version"], int(meta["to_lsn"])))
+    return sorted(out)
 
 
 def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) -> dict[str, int] | None:

@@ -150,8 +150,25 @@ def _provenance(prov: Any, j: int) -> int:
     return prov if isinstance(prov, int) else prov[1].get(j, prov[0])
 
 
-def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
-    """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted."""
+@dataclass
+class Prepared:
+    """A table's change rows in commit order, with integer codes for their new and old keys."""
+
+    rows: pa.Table
+    data: dict[str, pa.Array]  # the data columns (unchanged TOAST filled in for multisets)
+    old: pa.Array  # the ``_old`` struct column
+    names: list[str]
+    ops: list[str]
+    seqs: np.ndarray
+    new_code: list[int]  # code of each row's new key
+    old_code: list[int]  # code of each row's old key (meaningful where has_old)
+    has_old: list[bool]
+    unchanged: dict[int, list[int]]  # row -> positions of its unchanged-TOAST columns (keyed tables)
+    key_arrays: list[pa.Array]  # new keys (rows 0..n-1) then old keys (n..2n-1), per key column
+
+
+def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
+    """Sort ``rows`` into commit order and code their keys (shared by the mirror and its history)."""
     rows = rows.combine_chunks()
     order = np.lexsort((rows.column("_seq").to_numpy(), rows.column("_commit_seq").to_numpy()))
     rows = rows.take(pa.array(order)) if rows.num_rows else rows
@@ -176,13 +193,17 @@ def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
     # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space.
     key_arrays = [pa.concat_arrays([data[k], old.field(k).cast(data[k].type)]) for k in spec.key]
     codes = key_codes(key_arrays) if spec.key else np.zeros(2 * n, dtype=np.int64)
-    new_code, old_code = codes[:n].tolist(), codes[n:].tolist()
-    has_old_l = has_old.tolist()
+    return Prepared(rows, data, old, names, ops, seqs, codes[:n].tolist(), codes[n:].tolist(),
+                    has_old.tolist(), unchanged, key_arrays)
 
+
+def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
+    """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted."""
+    p = prepare(rows, spec)
     if spec.mode == "keyed":
-        return _keyed(rows, data, old, names, spec, ops, seqs, new_code, old_code, has_old_l, unchanged,
-                      key_arrays)
-    return _multiset(rows, data, old, names, ops, seqs, new_code, old_code, has_old_l)
+        return _keyed(p.rows, p.data, p.old, p.names, spec, p.ops, p.seqs, p.new_code, p.old_code, p.has_old,
+                      p.unchanged, p.key_arrays)
+    return _multiset(p.rows, p.data, p.old, p.names, p.ops, p.seqs, p.new_code, p.old_code, p.has_old)
 
 
 def _skipped_reason(op: str, unchanged: bool) -> str:

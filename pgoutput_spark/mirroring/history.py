@@ -1,0 +1,219 @@
+"""History tables (slowly changing dimension, type 2): every version of every row, with its validity.
+
+A table's history holds one row per version of each source row: the row's
+columns, then
+
+- ``_valid_from_lsn`` / ``_valid_from_ts``: the commit (LSN, time) that made
+  the version;
+- ``_valid_to_lsn`` / ``_valid_to_ts``: the commit that replaced or deleted it
+  (a later update, a delete, a truncate, or the row moving to another key),
+  NULL while it is current;
+- ``_is_current``; ``_version_seq``: the capture seq of the change that made
+  it (NULL for versions seeded from an existing mirror).
+
+The source table as of an LSN ``L`` is the versions with ``_valid_from_lsn <= L
+AND (_valid_to_lsn IS NULL OR L < _valid_to_lsn)``: a transaction is part of
+the source at ``L`` when it committed at or before ``L``. Several changes of
+one row in one transaction make one version (the row as it was at commit).
+
+Per run, `history_changes` turns a table's change rows (and the history's
+current versions of the keys they touch, ``_op = "pre"``, for unchanged TOAST
+values) into ``version`` rows (the new versions, closed already when the run
+replaced them too) and ``close`` rows (the key of a version from an earlier
+run and when it ended). One MERGE (`merge_history`) then closes those versions
+and inserts the new ones, idempotent through Delta's transaction identifiers
+like the mirror's. History needs a key: a table whose identity is the whole
+row (``REPLICA IDENTITY FULL`` without a ``tables.keys`` override, or no
+identity) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..assemble.typed import data_fields
+from .net import TableSpec, _provenance, prepare
+
+#: The history's own columns, after the table's columns.
+HISTORY_NAMES = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from_ts", "_valid_to_ts", "_is_current",
+                 "_version_seq")
+
+
+def history_fields(timestamp: pa.DataType) -> list[pa.Field]:
+    return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
+            pa.field("_valid_from_ts", timestamp), pa.field("_valid_to_ts", timestamp),
+            pa.field("_is_current", pa.bool_()), pa.field("_version_seq", pa.int64())]
+
+
+def history_schema(changes: pa.Schema) -> pa.Schema:
+    """``_action`` (version | close), the table's columns, then `HISTORY_NAMES`."""
+    return pa.schema([pa.field("_action", pa.string()), *data_fields(changes),
+                      *history_fields(changes.field("_commit_ts").type)])
+
+
+def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
+    """The run's new versions and the closes of earlier versions, for one keyed table (module doc)."""
+    if spec.mode != "keyed":
+        raise ValueError("history needs a keyed table")
+    p = prepare(rows, spec)
+    commit_seq = p.rows.column("_commit_seq").to_numpy()
+    commit_lsn = p.rows.column("_commit_lsn").to_numpy(zero_copy_only=False)
+    commit_ts = p.rows.column("_commit_ts").combine_chunks()
+    pre: dict[int, int] = {}  # code -> its "pre" row: the current version of an earlier run
+    state: dict[int, Any] = {}  # code -> provenance of the row's values now, or None (no row)
+    opened: dict[int, tuple[int, Any]] = {}  # code -> (row that opened the run's version, provenance)
+    closed: dict[int, int] = {}  # code -> row that ended the earlier run's version of that key
+    versions: list[tuple[Any, int, int | None]] = []  # (provenance, opening row, closing row)
+    truncated = False
+
+    def close(code: int, i: int) -> None:
+        if code in opened:
+            start, prov = opened.pop(code)
+            if commit_seq[start] != commit_seq[i]:  # else replaced in its own transaction: no version
+                versions.append((prov, start, i))
+        elif not truncated and code not in closed:
+            closed[code] = i  # a no-op if the key had no current version
+
+    for i, op in enumerate(p.ops):
+        if op == "pre":
+            pre[p.new_code[i]] = i
+            continue
+        if op == "truncate":
+            for code in list(opened):
+                close(code, i)
+            for code in pre:
+                if code not in closed:
+                    closed[code] = i
+            state.clear()
+            truncated = True
+            continue
+        new = p.new_code[i]
+        if op == "insert":
+            close(new, i)
+            state[new] = i
+            opened[new] = (i, i)
+            continue
+        src = p.old_code[i] if p.has_old[i] else new
+        current = state[src] if src in state else (None if truncated else pre.get(src))
+        if current is None:
+            continue  # no such row: the mirror skips and records it
+        close(src, i)
+        state[src] = None
+        if op == "delete":
+            continue
+        cols = p.unchanged.get(i)
+        prov = i if not cols else (i, {j: _provenance(current, j) for j in cols})
+        if new != src:
+            close(new, i)
+        state[new] = prov
+        opened[new] = (i, prov)
+    versions += [(prov, start, None) for start, prov in opened.values()]
+
+    schema = history_schema(rows.schema)
+    ts_type = schema.field("_valid_from_ts").type
+    parts = []
+    if versions:
+        cols = {name: p.data[name].take(pa.array([_provenance(v[0], j) for v in versions]))
+                for j, name in enumerate(p.names)}
+        starts = np.array([v[1] for v in versions], dtype=np.int64)
+        ends = [v[2] for v in versions]
+        end_index = pa.array([e if e is not None else 0 for e in ends])
+        ended = pa.array([e is not None for e in ends])
+        meta = {
+            "_valid_from_lsn": pa.array(commit_lsn[starts], pa.int64()),
+            "_valid_to_lsn": pa.array([int(commit_lsn[e]) if e is not None else None for e in ends], pa.int64()),
+            "_valid_from_ts": commit_ts.take(pa.array(starts)).cast(ts_type),
+            "_valid_to_ts": pc.if_else(ended, commit_ts.take(end_index),
+                                               pa.nulls(len(ends), commit_ts.type)).cast(ts_type),
+            "_is_current": pa.array([e is None for e in ends], pa.bool_()),
+            "_version_seq": pa.array(p.seqs[starts], pa.int64()),
+        }
+        parts.append(_table(schema, "version", cols, meta))
+    if closed:
+        rows_closing = pa.array(list(closed.values()))
+        first_seen = _first_seen(p.new_code + p.old_code)
+        positions = pa.array([first_seen[c] for c in closed])
+        cols = {name: pa.nulls(len(closed), p.data[name].type) for name in p.names}
+        for k, arr in zip(spec.key, p.key_arrays):
+            cols[k] = arr.take(positions)
+        meta = {
+            "_valid_from_lsn": pa.nulls(len(closed), pa.int64()),
+            "_valid_to_lsn": pa.array(commit_lsn[np.asarray(rows_closing)], pa.int64()),
+            "_valid_from_ts": pa.nulls(len(closed), ts_type),
+            "_valid_to_ts": commit_ts.take(rows_closing).cast(ts_type),
+            "_is_current": pa.array([False] * len(closed), pa.bool_()),
+            "_version_seq": pa.nulls(len(closed), pa.int64()),
+        }
+        parts.append(_table(schema, "close", cols, meta))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _first_seen(codes: list[int]) -> dict[int, int]:
+    """Code -> first position among the key arrays (new keys, then old keys)."""
+    if not codes:
+        return {}
+    unique, where = np.unique(np.asarray(codes, dtype=np.int64), return_index=True)
+    return dict(zip(unique.tolist(), where.tolist()))
+
+
+def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict[str, pa.Array]) -> pa.Table:
+    m = len(next(iter(meta.values())))
+    arrays = [pa.array([action] * m, pa.string())]
+    for f in list(schema)[1:]:
+        arrays.append((meta[f.name] if f.name in meta else cols[f.name]).cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- Spark ------------------------------------------------------------------------------------------
+
+
+def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema) -> Any:
+    """`history_changes` of a table's run in one Spark task (as `delta.net_frame`)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from .delta import _positional
+
+    result_schema = history_schema(arrow_schema)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches), schema=_positional(arrow_schema))
+        table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
+        yield from history_changes(table, spec).to_batches(max_chunksize=10_000)
+
+    rows = (typed if pre is None else typed.unionByName(pre)).repartition(1).toDF(
+        *_positional(arrow_schema).names)
+    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+
+
+def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,
+                  metadata: dict[str, Any]) -> dict[str, int]:
+    """One idempotent MERGE: close the earlier versions named by ``close`` rows, insert ``version`` rows."""
+    from delta.tables import DeltaTable
+
+    from .delta import METADATA_KEY, quote
+
+    columns = [*spec.columns, *HISTORY_NAMES]
+    on = " AND ".join(["s._action = 'close'", "t._is_current",
+                       *[f"t.{quote(k)} = s.{quote(k)}" for k in spec.key]])
+    builder = (DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), on)
+               .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
+                                       "_is_current": "false"})
+               .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns}))
+    conf = session.conf
+    conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    conf.set("spark.databricks.delta.commitInfo.userMetadata",
+             json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
+    try:
+        result = builder.execute()
+    finally:
+        for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata"):
+            conf.unset(f"spark.databricks.delta.{key}")
+    row = result.first() if result is not None else None
+    return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}

@@ -19,34 +19,28 @@ def _submit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=600)
 
 
-def test_apply_job_runs_under_spark_submit_from_a_wheel(tmp_path):
+def test_a_job_runs_under_spark_submit_from_a_wheel(tmp_path):
     # The README's build step.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
                     str(ROOT)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("pgoutput_spark-*.whl")
-    target = tmp_path / "mirrors"
     # Run from elsewhere: the job file, configuration and capture are named by path.
     run = _submit("--master", "local[2]", "--packages", DELTA, "--py-files", str(wheel),
-                  str(ROOT / "jobs" / "apply.py"), "--config", str(ROOT / "conf" / "local.yaml"),
-                  "--capture", str(ROOT / "examples" / "sample_capture"), "--target", str(target),
-                  "--json", "--quiet", cwd=tmp_path)
+                  str(ROOT / "jobs" / "decode.py"), "--config", str(ROOT / "conf" / "local.yaml"),
+                  "--capture", str(ROOT / "examples" / "sample_capture"), "--json", "--quiet", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["ok"] and (result["result"]["lo"], result["result"]["hi"]) == (None, 1808)
-    # Every table the capture's Relation messages name (read from the raw bytes) got its mirror.
+    # Every message decoded, and the counts by type equal the raw messages' first bytes.
+    import collections
+
     import pyarrow.parquet as pq
 
-    from pgoutput_spark import decode_message
+    from pgoutput_spark.decoder.protocol import MessageType
 
-    relations, in_stream = set(), False
-    for f in sorted((ROOT / "examples" / "sample_capture").glob("*.parquet")):
-        for data in pq.read_table(f, columns=["data"]).column("data").to_pylist():
-            in_stream = {b"S": True, b"E": False}.get(data[:1], in_stream)
-            if data[:1] == b"R":
-                message = decode_message(data, in_stream=in_stream)
-                relations.add((message.namespace, message.relation_name))
-    assert {t["table"] for t in result["result"]["tables"]} == {f"{s}.{t}" for s, t in relations}
-    assert (target / "_runs" / "_delta_log").is_dir()
+    raw = [m for f in (ROOT / "examples" / "sample_capture").glob("*.parquet")
+           for m in pq.read_table(f, columns=["data"]).column("data").to_pylist()]
+    assert result["ok"] and result["result"]["messages"] == len(raw) and result["result"]["quarantined"] == 0
+    assert result["result"]["by_type"] == dict(collections.Counter(MessageType(m[0]).column_name for m in raw))
     # The shipped wheel comes first on the job's path, before the checkout's editable install.
     where = tmp_path / "where.py"
     where.write_text("import pgoutput_spark\nprint(pgoutput_spark.__file__)\n")
@@ -54,8 +48,8 @@ def test_apply_job_runs_under_spark_submit_from_a_wheel(tmp_path):
     assert found.returncode == 0 and wheel.name in found.stdout, found.stdout + found.stderr[-2000:]
 
     # A failure: exit status 1 and one line saying why.
-    bad = _submit("--master", "local[1]", "--py-files", str(wheel), str(ROOT / "jobs" / "apply.py"),
-                  "--config", str(tmp_path / "missing.yaml"), "--target", str(target), cwd=tmp_path)
+    bad = _submit("--master", "local[1]", "--py-files", str(wheel), str(ROOT / "jobs" / "decode.py"),
+                  "--config", str(tmp_path / "missing.yaml"), cwd=tmp_path)
     assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
     # spark-submit's PythonRunner merges the driver's stderr into its own stdout.
     ours = [line for line in bad.stdout.splitlines() if line.startswith("pgoutput-spark")]

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from ..config import LOCAL_SPARK_CONF
+
 #: Settings every session gets unless the caller overrides them.
 DEFAULTS: dict[str, str] = {
     # Decoded timestamps are UTC instants; keep Spark's rendering in UTC too.
@@ -30,7 +32,9 @@ def build_spark_session(
     """Get or create a SparkSession with Delta Lake configured.
 
     ``master`` is only set when given and when the process was not launched by
-    spark-submit (whose ``--master`` wins). The Delta
+    spark-submit (whose ``--master`` wins); a ``local[...]`` master also gets
+    the embedded default's small-machine settings (`config.LOCAL_SPARK_CONF`:
+    4 shuffle partitions, ...) under ``conf``. The Delta
     connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
     """
@@ -44,7 +48,9 @@ def build_spark_session(
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master and not under_spark_submit:
         builder = builder.master(master)
-    settings = {**DEFAULTS, **(conf or {})}
+    local = master is not None and master.startswith("local") and not under_spark_submit
+    # A local session (a notebook, the demo) gets few shuffle partitions unless told otherwise.
+    settings = {**DEFAULTS, **(LOCAL_SPARK_CONF if local else {}), **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     if "spark.jars.packages" not in settings:

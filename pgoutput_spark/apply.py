@@ -49,6 +49,7 @@ from .mirroring.net import TableSpec
 from .mirroring.delta import (
     DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
+    METADATA_KEY,
     CatalogError,
     SchemaPlan,
     append,
@@ -264,7 +265,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               history_path: str = DEFAULT_HISTORY_PATH,
               until_seq: int | None = None, until_lsn: int | None = None,
               slice_where: str | None = None,
-              progress: Callable[[str], None] | None = None) -> ApplyResult:
+              progress: Callable[[str], None] | None = None,
+              rebuild: tuple[str, ...] | list[str] = ()) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
@@ -283,6 +285,14 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
 
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).
+
+    ``rebuild`` (``schema.table`` names, as first seen) rebuilds those mirrors
+    from the start of the capture: every change of the table up to the run's
+    end is replayed into a new mirror that replaces the old one in one
+    commit. The capture must still hold everything from the pipeline's first
+    run; a table that started from a (re-)snapshot, or that keeps a history,
+    cannot be rebuilt this way (re-snapshot it). With nothing new in the
+    capture the run rebuilds only.
     """
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
@@ -305,6 +315,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
             if end is not None:
                 newer = newer.where(F.col("seq") <= end)
             hi = newer.agg(F.max("seq")).first()[0]
+        if hi is None and rebuild and lo is not None:
+            hi = lo  # nothing new: a run that only rebuilds
         if hi is None:
             if end is not None and lo is not None and end <= lo:
                 return ApplyResult(lo, None, skipped=True, note=(
@@ -333,7 +345,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     spark.conf.set("spark.sql.caseSensitive", "true")
     try:
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                      table_path, table_name, tables or TablesConfig(), say, history_path)
+                      table_path, table_name, tables or TablesConfig(), say, history_path,
+                      _Rebuild(canonical, tuple(rebuild), on_error))
         return dataclasses.replace(result, note=note)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
@@ -365,7 +378,7 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
-         say: Callable[[str], None], history_path: str) -> ApplyResult:
+         say: Callable[[str], None], history_path: str, rebuild: _Rebuild) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -393,6 +406,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
+        starts = ledger.starts() if relations or rebuild.tables else {}
+        rebuilt = rebuild.relations(history, tables, starts)
+        relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
         excluded = sorted({_first_name(history, oid) for oid in relations
                            if not tables.selected(_first_name(history, oid))})
         relations = [oid for oid in relations if tables.selected(_first_name(history, oid))]
@@ -401,6 +417,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
+            rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
             histories = {oid: _history_plan(spark, ledger.root, history, oid, plans[oid], tables, history_path)
                          for oid in relations if tables.keeps_history(_first_name(history, oid))}
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
@@ -411,7 +428,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step("save relations"):
                 _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
-        starts = ledger.starts() if relations else {}
         if relations:
             assert to_lsn is not None
             metadata = {"pipeline": ledger.pipeline, "lo_seq": lo, "hi_seq": hi,
@@ -446,6 +462,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                             f"+{t.inserted} ~{t.updated} -{t.deleted}"
                             + (f" skipped {t.skipped}" if t.skipped else "")
                             + (" truncated" if t.truncated else ""))
+        if rebuilt:
+            with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
+                results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)
         with _step("save open transactions"):
             n_open = assembled.open_rows.count()
             if n_open:  # the next run reads them back by this run's hi
@@ -511,6 +530,71 @@ def _spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: TablesCo
         raise ConfigError(f"tables.keys.{name}: no column {', '.join(missing)} in {name} "
                           f"(its columns: {', '.join(columns)}); nothing was written")
     return TableSpec("keyed", tuple(key), tuple(columns))
+
+
+@dataclass(frozen=True)
+class _Rebuild:
+    """Tables to rebuild from the start of the capture (`run_apply`'s ``rebuild``)."""
+
+    capture: DataFrame  # the whole capture, canonical columns
+    tables: tuple[str, ...]
+    on_error: OnError
+
+    def relations(self, history: RelationHistory, tables: TablesConfig, starts: dict[int, int]) -> list[int]:
+        """The relation OIDs to rebuild; `ConfigError` for a table that cannot be rebuilt."""
+        out = []
+        for name in dict.fromkeys(self.tables):
+            oids = [oid for oid in history.relations if _first_name(history, oid) == name]
+            if not oids:
+                known = ", ".join(sorted({_first_name(history, oid) for oid in history.relations})) or "none"
+                raise ConfigError(f"rebuild: no table {name} in the capture's relations (known: {known})")
+            if len(oids) > 1:
+                raise ConfigError(f"rebuild: several relations were named {name} (dropped and created again); "
+                                  f"re-snapshot it instead")
+            reason = ("it started from a snapshot, whose rows are not in the capture" if oids[0] in starts
+                      else "it keeps a history table, which a rebuild would not match" if
+                      tables.keeps_history(name) else "tables.include / exclude leave it out" if
+                      not tables.selected(name) else None)
+            if reason:
+                raise ConfigError(f"rebuild: {name} cannot be rebuilt from the capture: {reason}; "
+                                  f"re-snapshot it instead (snapshot --table {name}); nothing was written")
+            out.append(oids[0])
+        return out
+
+    def run(self, ledger: Ledger, hi: int, skip_origins: tuple[str, ...], history: RelationHistory,
+            plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
+        """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
+        everything = decode(self.capture.where(F.col("seq") <= hi), on_error=self.on_error).persist()
+        assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
+        committed = assembled.committed.persist()
+        out = []
+        try:
+            to_lsn = committed.agg(F.max("commit_lsn")).first()[0]
+            for oid, plan in plans.items():
+                latest = history.latest(oid)
+                name = f"{latest.namespace}.{latest.name}"
+                spec = _spec(history, oid, plan, tables)
+                typed = typed_change_frame(committed, oid, history, columns=plan.columns)
+                net = net_frame(typed, None, spec, change_schema(plan.columns))
+                rows = net.where(F.col("_action").isin("upsert", "insert")).select(
+                    *[F.col(quote(c)) for c in spec.columns]).persist()
+                try:
+                    n_rows = rows.count()
+                    app_id = f"{ledger.pipeline}:rebuild:{oid}"
+                    meta = {"pipeline": ledger.pipeline, "rebuild": True, "hi_seq": hi, "to_lsn": to_lsn,
+                            "app_id": app_id}
+                    # One commit: readers see the old mirror or the rebuilt one. A rerun rebuilds the same.
+                    (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                     .option("userMetadata", json.dumps({METADATA_KEY: meta}, sort_keys=True)).save(plan.path))
+                finally:
+                    rows.unpersist()
+                out.append(TableResult(name, plan.path, oid, inserted=n_rows, status="rebuilt"))
+                say(f"rebuilt {name}: {n_rows} rows from the start of the capture")
+        finally:
+            committed.unpersist()
+            assembled.release()
+            everything.unpersist()
+        return out
 
 
 def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid: int, plan: SchemaPlan,
@@ -667,7 +751,10 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     frame = spark.createDataFrame(row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None
-    _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
+    if result.hi == result.lo:  # a run that only rebuilt tables: its own row, once
+        _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
+    else:
+        _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied)
 

@@ -20,6 +20,7 @@ and read back by the next run only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,8 +105,12 @@ class _State:
 
 def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 columns: CaptureColumns | None = None, pipeline: str = "default",
-                on_error: OnError = "fail", skip_origins: tuple[str, ...] = ()) -> ChangesResult:
-    """Apply the next slice of ``capture`` to the change tables under ``target``."""
+                on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
+                progress: Callable[[str], None] | None = None) -> ChangesResult:
+    """Apply the next slice of ``capture`` to the change tables under ``target``.
+
+    ``progress`` hears one line for the slice and one per change table written.
+    """
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
     runs = state.runs_rows()
@@ -127,14 +132,17 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         window = window.where(F.col("seq") > lo)
     decoded = decode(window, on_error=on_error,
                      initially_in_stream=scan_in.last_stream_xid is not None).persist()
+    say = progress or (lambda line: None)
+    say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
+        + (" (redoing an interrupted run)" if started else ""))
     try:
-        return _apply(spark, state, decoded, scan_in, lo, hi, skip_origins)
+        return _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
     finally:
         decoded.unpersist()
 
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
-           lo: int | None, hi: int, skip_origins: tuple[str, ...]) -> ChangesResult:
+           lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None]) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
@@ -162,6 +170,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"
             _append(frame, path, f"{state.pipeline}:changes:{relation_id}", hi)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]
+            say(f"table {len(counts)}/{len(per_relation)} written: {latest.namespace}.{latest.name} "
+                f"{per_relation[relation_id]} changes")
         messages = assembled.messages
         _append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
         open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))

@@ -127,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--on-error", choices=["fail", "quarantine"])
     apply.add_argument("--quarantine", help=argparse.SUPPRESS)
     apply.add_argument("--parallelism", type=int, help="tables merged at once (default: apply.parallelism)")
+    apply.add_argument("--rebuild", action="append", default=[], metavar="SCHEMA.TABLE",
+                       help="rebuild this mirror from the start of the capture (repeatable)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
     bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
     bounded.add_argument("--until-lsn", metavar="LSN", help="end the slice at the last message at or before this LSN")
@@ -219,7 +221,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                        table_path=config.apply.table_path, table_name=config.apply.table_name,
                        tables=config.tables, history_path=config.apply.history_path, until_seq=args.until_seq,
                        until_lsn=None if args.until_lsn is None else int(Lsn(args.until_lsn)),
-                       slice_where=args.slice_where, progress=_progress(args))
+                       slice_where=args.slice_where, progress=_progress(args), rebuild=args.rebuild)
     return result
 
 
@@ -231,13 +233,13 @@ def run_status_command(config: Config, target: str) -> Any:
     return status(spark, target, config.changes.pipeline)
 
 
-def run_changes_command(config: Config, target: str) -> Any:
+def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
     from .changefeed import run_changes
 
     spark, capture, columns = _capture(config)
-    result = run_changes(spark, capture, target, columns=columns, pipeline=config.changes.pipeline,
+    result = run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
                          on_error=config.decode.on_error,  # type: ignore[arg-type]
-                         skip_origins=config.changes.skip_origins)
+                         skip_origins=config.changes.skip_origins, progress=_progress(args))
     return result
 
 
@@ -319,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "decode":
                 result = run_decode(config, args.output)
             elif args.command == "changes":
-                result = run_changes_command(config, args.target)
+                result = run_changes_command(config, args)
             elif args.command == "apply":
                 result = run_apply_command(config, args)
             elif args.command == "snapshot":

@@ -149,8 +149,10 @@ def test_quarantined_messages_are_kept_and_counted(spark, tmp_path):
     frame = spark.createDataFrame([(i, 0, bytearray(d)) for i, d in enumerate(data)],
                                   "seq long, lsn long, data binary")
     target = str(tmp_path / "target")
-    result = run_changes(spark, frame, target, on_error="quarantine")
+    lines: list[str] = []
+    result = run_changes(spark, frame, target, on_error="quarantine", progress=lines.append)
     assert (result.quarantined, result.changes) == (1, {"public.q": 1})
+    assert lines == ["slice: after the start up to seq 4", "table 1/1 written: public.q 1 changes"]
     bad = spark.read.format("delta").load(f"{target}/_pgoutput/quarantine").collect()
     assert [(r["seq"], bytes(r["raw"])) for r in bad] == [(4, b"\x00junk")]
     assert "unknown message type byte 0x00" in bad[0]["error"]

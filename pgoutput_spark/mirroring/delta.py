@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,12 +296,17 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
-    result_schema = out_schema(arrow_schema)
+    return in_one_task(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec))
+
+
+def in_one_task(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
+                compute: Callable[[pa.Table], pa.Table]) -> DataFrame:
+    """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = pa.Table.from_batches(list(batches), schema=_positional(arrow_schema))
         table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
-        yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
+        yield from compute(table).to_batches(max_chunksize=10_000)
 
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.

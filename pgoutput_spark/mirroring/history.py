@@ -30,7 +30,6 @@ identity) is refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -175,20 +174,10 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 
 def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema) -> Any:
     """`history_changes` of a table's run in one Spark task (as `delta.net_frame`)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from .delta import in_one_task
 
-    from .delta import _positional
-
-    result_schema = history_schema(arrow_schema)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=_positional(arrow_schema))
-        table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
-        yield from history_changes(table, spec).to_batches(max_chunksize=10_000)
-
-    rows = (typed if pre is None else typed.unionByName(pre)).repartition(1).toDF(
-        *_positional(arrow_schema).names)
-    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+    return in_one_task(typed, pre, arrow_schema, history_schema(arrow_schema),
+                       lambda rows: history_changes(rows, spec))
 
 
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,

@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="rebuild this mirror from the start of the capture (repeatable)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
     bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
-    bounded.add_argument("--until-lsn", metavar="LSN", help="end the slice at the last message at or before this LSN")
+    bounded.add_argument("--until-lsn", metavar="LSN", type=Lsn, help="end the slice at the last message at or before this LSN")
     bounded.add_argument("--slice-where", metavar="SQL",
                          help="end the slice at the last capture row matching this predicate, "
                               "e.g. \"landed_date = '2026-11-01'\"")
@@ -220,7 +220,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                        parallelism=args.parallelism or config.apply.parallelism,
                        table_path=config.apply.table_path, table_name=config.apply.table_name,
                        tables=config.tables, history_path=config.apply.history_path, until_seq=args.until_seq,
-                       until_lsn=None if args.until_lsn is None else int(Lsn(args.until_lsn)),
+                       until_lsn=None if args.until_lsn is None else int(args.until_lsn),
                        slice_where=args.slice_where, progress=_progress(args), rebuild=args.rebuild)
     return result
 

@@ -401,7 +401,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
                                  F.countDistinct("commit_seq")).first()
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
-        say(f"decoded and assembled: {transactions} committed transactions touching {len(relations)} tables")
+        n_messages = decoded.count()  # persisted: cheap
+        say(f"decoded {n_messages} messages; assembled {transactions} committed transactions "
+            f"touching {len(relations)} tables")
         for relation_id in relations:
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
@@ -478,7 +480,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         n_bad = bad.count()
         if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
             _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
-        n_messages = decoded.count()
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=tuple(excluded))
     with _step("save the run; release the lease"):

@@ -322,6 +322,26 @@ def _positional(schema: pa.Schema) -> pa.Schema:
 # -- merge ------------------------------------------------------------------------------------------
 
 
+def execute_merge(session: SparkSession, builder: Any, *, app_id: str, version: int,
+                  metadata: dict[str, Any]) -> DataFrame | None:
+    """Run a MERGE builder as one idempotent commit: Delta's transaction identifier and our metadata."""
+    conf = session.conf
+    settings = {
+        # The source is persisted by the caller and deterministic: Delta need not materialize it again.
+        "merge.materializeSource": "none",
+        "write.txnAppId": app_id,
+        "write.txnVersion": str(version),
+        "commitInfo.userMetadata": json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True),
+    }
+    for key, value in settings.items():
+        conf.set(f"spark.databricks.delta.{key}", value)
+    try:
+        return builder.execute()
+    finally:
+        for key in settings:
+            conf.unset(f"spark.databricks.delta.{key}")
+
+
 def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
           app_id: str, version: int, metadata: dict[str, Any]) -> dict[str, int]:
     """One idempotent MERGE of ``source`` (net rows without ``skipped``) into the mirror at ``path``."""
@@ -343,19 +363,7 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
                    .whenNotMatchedInsert("s._action = 'insert'", values))
     if truncated:
         builder = builder.whenNotMatchedBySourceDelete()
-    conf = session.conf
-    # ``source`` is persisted by the caller and deterministic: Delta need not materialize it again.
-    conf.set("spark.databricks.delta.merge.materializeSource", "none")
-    conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    conf.set("spark.databricks.delta.commitInfo.userMetadata",
-             json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
-    try:
-        result = builder.execute()
-    finally:
-        for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata",
-                    "merge.materializeSource"):
-            conf.unset(f"spark.databricks.delta.{key}")
+    result = execute_merge(session, builder, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     if row is None:
         return {"inserted": 0, "updated": 0, "deleted": 0}

@@ -29,7 +29,6 @@ identity) is refused.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -185,7 +184,7 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
     """One idempotent MERGE: close the earlier versions named by ``close`` rows, insert ``version`` rows."""
     from delta.tables import DeltaTable
 
-    from .delta import METADATA_KEY, quote
+    from .delta import execute_merge, quote
 
     columns = [*spec.columns, *HISTORY_NAMES]
     on = " AND ".join(["s._action = 'close'", "t._is_current",
@@ -194,15 +193,6 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
                .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
                                        "_is_current": "false"})
                .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns}))
-    conf = session.conf
-    conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    conf.set("spark.databricks.delta.commitInfo.userMetadata",
-             json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
-    try:
-        result = builder.execute()
-    finally:
-        for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata"):
-            conf.unset(f"spark.databricks.delta.{key}")
+    result = execute_merge(session, builder, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}

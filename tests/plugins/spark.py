@@ -19,6 +19,9 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
+            # One JVM runs the whole suite's Delta work; with Spark's 1 GB default heap a MERGE late in
+            # the run once failed to build its broadcast table ("Not enough memory to build and broadcast").
+            "spark.driver.memory": "4g",
             # Small Delta tables: rebuild their snapshots in 2 partitions, not 50.
             "spark.databricks.delta.snapshotPartitions": "2",
             # Small Arrow batches so tests cross batch boundaries.

@@ -284,6 +284,13 @@ def _keyed(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list
         for k, arr in zip(spec.key, key_arrays):
             cols[k] = arr.take(positions)
         parts.append(_frame(schema, "delete", seqs, ops, [last[c] for c in deletes], None, cols))
+    return _ending(parts, schema, data, old, names, seqs, ops, skipped, truncated_at)
+
+
+def _ending(parts: list[pa.Table], schema: pa.Schema, data: dict[str, pa.Array], old: pa.Array,
+            names: list[str], seqs: np.ndarray, ops: list[str], skipped: list[tuple[int, str]],
+            truncated_at: int) -> pa.Table:
+    """``parts`` with the skipped changes and the truncate (if any) added, as one table."""
     if skipped:
         parts.append(_skipped_frame(schema, data, old, names, seqs, ops, skipped))
     if truncated_at >= 0:
@@ -360,12 +367,7 @@ def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: l
                        actions=[a[0] for a in actions], inserted=[a[3] for a in actions],
                        deleted=[a[4] for a in actions])
         parts.append(frame)
-    if skipped:
-        parts.append(_skipped_frame(schema, data, old, names, seqs, ops, skipped))
-    if truncated_at >= 0:
-        cols = {name: pa.nulls(1, data[name].type) for name in names}
-        parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+    return _ending(parts, schema, data, old, names, seqs, ops, skipped, truncated_at)
 
 
 def _frame(schema: pa.Schema, action: str, seqs: np.ndarray, ops: list[str], deciding: list[int],

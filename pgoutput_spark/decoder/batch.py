@@ -383,10 +383,11 @@ def decode_batch(
     compiled = (engine or kernel.engine()) == "numba"
     change_pos = np.zeros(n, dtype=np.int64)
     change_rows = np.zeros(n, dtype=bool)
+    present = np.bincount(np.where(reader.bad, 0, type_byte), minlength=256)
     for kind in MessageType:
-        rows = np.flatnonzero((type_byte == kind) & ~reader.bad)
-        if rows.size == 0:
+        if not present[kind]:
             continue
+        rows = np.flatnonzero((type_byte == kind) & ~reader.bad)
         cur = Cursor(reader, rows, starts[rows] + 1, kind.doc_name)
         if kind.has_stream_xid:
             _stream_xid(cur, in_stream, stream_xid)
@@ -431,10 +432,13 @@ def decode_batch(
                  for rows, struct in families[name]]
         columns.append(ab.take_into(n, parts, type_))
     error_rows = np.flatnonzero(bad)
-    messages = np.empty(n, dtype=object)
-    for row in error_rows:  # error path only
-        messages[row] = str(reader.error(int(row), int(seq[row]), int(lsn[row])))
-    columns.append(pa.array(messages, type=pa.string(), from_pandas=True))
+    if error_rows.size:
+        messages = np.empty(n, dtype=object)
+        for row in error_rows:  # error path only
+            messages[row] = str(reader.error(int(row), int(seq[row]), int(lsn[row])))
+        columns.append(pa.array(messages, type=pa.string(), from_pandas=True))
+    else:
+        columns.append(pa.nulls(n, type=pa.string()))
     raw = [(error_rows, data.filter(pa.array(bad)))] if error_rows.size else []
     columns.append(ab.take_into(n, raw, pa.binary()))
     return DecodedBatch(pa.RecordBatch.from_arrays(columns, schema=sc.DECODED_SCHEMA), reader, seq, lsn)

@@ -89,14 +89,33 @@ if numba is not None:
 
         return numba.types.void(dst, dst_at, src, src_at, length), codegen
 
+    @intrinsic
+    def _int32(typingctx, src, at):  # pragma: no cover - compiled
+        """The big-endian signed Int32 at ``src[at:at + 4]``, as int64: one unaligned load.
 
-def _jit(function):
+        Four byte loads, shifts and ors lengthen the chain from one column to
+        the next, which is what the walk waits on.
+        """
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            src_array = context.make_array(signature.args[0])(context, builder, args[0])
+            pointer = builder.bitcast(builder.gep(src_array.data, [args[1]]), ir.IntType(32).as_pointer())
+            value = builder.load(pointer, align=1)
+            bswap = builder.module.declare_intrinsic("llvm.bswap", [ir.IntType(32)])
+            return builder.sext(builder.call(bswap, [value]), ir.IntType(64))
+
+        return numba.types.int64(src, at), codegen
+
+
+def _jit(function=None, **options):
+    if function is None:
+        return lambda f: _jit(f, **options)
     if numba is None:
         return function
     try:  # compiled once per machine, cached next to this file or in the user's cache
-        return numba.njit(cache=True, nogil=True)(function)
+        return numba.njit(cache=True, nogil=True, **options)(function)
     except RuntimeError:  # no writable cache location (e.g. a read-only zip): compile per process
-        return numba.njit(nogil=True)(function)
+        return numba.njit(nogil=True, **options)(function)
 
 
 @_jit
@@ -104,7 +123,7 @@ def _fail(err, i, code, field, column, at, a, b):  # pragma: no cover - compiled
     err[i, 0], err[i, 1], err[i, 2], err[i, 3], err[i, 4], err[i, 5] = code, field, column, at, a, b
 
 
-@_jit
+@_jit(inline='always')
 def _tuple(buf, p, end, fbase, err, i, out, e, d):  # pragma: no cover - compiled
     """Check and copy one TupleData at ``p`` into element ``e`` and value byte ``d`` onwards.
 
@@ -132,10 +151,9 @@ def _tuple(buf, p, end, fbase, err, i, out, e, d):  # pragma: no cover - compile
             if end - (p + 1) < 4:
                 _fail(err, i, _NEED, fbase + _LENGTH, j, p + 1, 4, end - (p + 1))
                 return -1, e, d
-            length = ((np.int64(buf[p + 1]) << 24) | (np.int64(buf[p + 2]) << 16)
-                      | (np.int64(buf[p + 3]) << 8) | np.int64(buf[p + 4]))
-            if length >= 1 << 31:
-                _fail(err, i, _NEGATIVE, fbase + _LENGTH, j, p + 1, length - (1 << 32), 0)
+            length = _int32(buf, p + 1)
+            if length < 0:
+                _fail(err, i, _NEGATIVE, fbase + _LENGTH, j, p + 1, length, 0)
                 return -1, e, d
             if end - (p + 5) < length:
                 _fail(err, i, _NEED, fbase + _VALUE, j, p + 5, length, end - (p + 5))
@@ -204,19 +222,18 @@ def _walk(buf, pos, ends, types, active, relation_id, old_kind, counts, err, old
                     continue
                 p += 1
             eo, do = e1, d1  # kept only if the whole message is valid (checked below)
+        e1, d1 = en, dn
         if t != _DELETE:
             p, e1, d1 = _tuple(buf, p, end, _F_NEW, err, i, new, en, dn)
             if p < 0:
                 eo, do = e0, d0
                 continue
-            counts[i, 1] = e1 - en
-            if p == end:
-                en, dn = e1, d1
         if p < end:
             _fail(err, i, _TRAILING, _F_END, -1, p, end - p, 0)
             eo, do = e0, d0
             continue
-        counts[i, 0] = eo - e0
+        counts[i, 0], counts[i, 1] = eo - e0, e1 - en
+        en, dn = e1, d1
     return eo, do, en, dn
 
 
@@ -268,9 +285,27 @@ def _tuple_list(counts: np.ndarray, present: np.ndarray,
         [pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None,
          pa.py_buffer(offsets), pa.py_buffer(parts[3][:nbytes])],
         null_count=nulls)
-    elements = pa.StructArray.from_arrays(
-        [ab.char_array(kinds, np.ones(used, dtype=bool)), values], fields=list(sc.TUPLE_VALUE))
-    return ab.list_array(counts, present, elements, sc.TUPLE_VALUE)
+    kind = pa.StringArray.from_buffers(used, pa.py_buffer(_counting(used + 1)), pa.py_buffer(kinds))
+    elements = pa.StructArray.from_arrays([kind, values], fields=list(sc.TUPLE_VALUE))
+    list_offsets = np.zeros(counts.size + 1, dtype=np.int32)
+    np.cumsum(counts, out=list_offsets[1:])  # counts are 0 where a tuple is absent
+    return pa.ListArray.from_buffers(
+        sc.TUPLE, counts.size,
+        [None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little")),
+         pa.py_buffer(list_offsets)],
+        children=[elements], null_count=int(counts.size - np.count_nonzero(present)))
+
+
+_COUNTING = np.arange(1 << 16, dtype=np.int32)
+
+
+def _counting(size: int) -> np.ndarray:
+    """0, 1, ..., size - 1 as int32 (the offsets of one-byte strings), shared read-only."""
+    global _COUNTING
+    if size > _COUNTING.size:
+        _COUNTING = np.arange(max(size, 2 * _COUNTING.size), dtype=np.int32)
+        _COUNTING.flags.writeable = False
+    return _COUNTING[:size]
 
 
 def _record_errors(reader: BatchReader, types: np.ndarray, err: np.ndarray) -> None:

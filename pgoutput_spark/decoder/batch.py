@@ -4,6 +4,9 @@ Messages are grouped by type byte; each group is decoded field by field with
 one vectorized `Cursor` read per field (and per column position for Relation
 and TupleData parts), so the work per batch is a fixed number of NumPy calls
 per message type and column position, never a Python step per message or value.
+Insert, Update and Delete, most of a capture, are walked by the compiled
+kernel of `kernel` instead where numba is installed; their NumPy walk
+(`change`) is the reference it is tested against.
 """
 
 from __future__ import annotations

@@ -3,14 +3,12 @@
 The NumPy walk of `reader.Cursor.tuple_data` costs about fifteen NumPy calls
 per column position, each over a few thousand messages; on 10,000-message
 batches that call overhead, not the bytes, is most of the decoder's time. Here
-a kernel compiled by numba walks every change message of a batch byte by byte:
-
-1. `_walk` checks each message (relation id, markers, the column count, kind,
-   length and value of every column, trailing bytes) and records per message its
-   first error, or its column counts and value bytes;
-2. `_fill` walks the valid messages again and writes the tuple columns straight
-   into the Arrow buffers of the batch's ``change`` column, in batch order: kind
-   bytes, value offsets, validity and the value bytes themselves.
+a kernel compiled by numba walks every change message of a batch once, byte
+by byte: `_walk` checks each message (relation id, markers, the column count,
+kind, length and value of every column, trailing bytes) and, if it is valid,
+writes its tuples straight into the buffers of the batch's ``change`` column in
+batch order (kind bytes, value offsets, validity, the value bytes); a message
+that fails records its first error and leaves nothing behind.
 
 It reports exactly the errors the NumPy walk reports (same field path, offset
 and numbers; `tests/decoder/test_kernel.py` compares both on every message
@@ -296,15 +294,20 @@ def _tuple_list(counts: np.ndarray, present: np.ndarray,
         children=[elements], null_count=int(counts.size - np.count_nonzero(present)))
 
 
-_COUNTING = np.arange(1 << 16, dtype=np.int32)
+def _counting_array(size: int) -> np.ndarray:
+    array = np.arange(size, dtype=np.int32)
+    array.flags.writeable = False
+    return array
+
+
+_COUNTING = _counting_array(1 << 16)
 
 
 def _counting(size: int) -> np.ndarray:
     """0, 1, ..., size - 1 as int32 (the offsets of one-byte strings), shared read-only."""
     global _COUNTING
     if size > _COUNTING.size:
-        _COUNTING = np.arange(max(size, 2 * _COUNTING.size), dtype=np.int32)
-        _COUNTING.flags.writeable = False
+        _COUNTING = _counting_array(max(size, 2 * _COUNTING.size))
     return _COUNTING[:size]
 
 

@@ -6,7 +6,8 @@ Layout under the target root::
     <root>/_runs/                   one row per finished run (Delta; `status` prints it)
     <root>/_pgoutput/lease/         the pipeline's position and the run holding it (one row)
     <root>/_pgoutput/relations/     every Relation / Type message seen
-    <root>/_pgoutput/pending/       rows of transactions still open at the end of a run
+    <root>/_pgoutput/pending/       rows of transactions still open at the end of a run (the
+                                    last two runs' only: `drop_saved_open_rows`)
     <root>/_pgoutput/quarantine/    undecodable messages with raw bytes (on_error="quarantine")
     <root>/_pgoutput/skipped/       updates and deletes that found no row, with the reason
 
@@ -68,7 +69,7 @@ from .mirroring.delta import (
     sql_literal,
     table_spec,
 )
-from .spark.assemble import ScanState, assemble
+from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
@@ -472,6 +473,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             if n_open:  # the next run reads them back by this run's hi
                 open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
                 _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
+            drop_saved_open_rows(ledger.spark, ledger.pending_path, lo)
     finally:
         committed.unpersist()
         assembled.release()

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
-from .spark.assemble import ScanState, assemble
+from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
@@ -176,6 +176,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         _append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
         open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
         _append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
+        drop_saved_open_rows(spark, state.pending_path, lo)
         n_open = assembled.open_rows.count()
     finally:
         committed.unpersist()

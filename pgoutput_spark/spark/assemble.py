@@ -294,3 +294,21 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
         non_transactional.select("seq", "message.*", F.lit(None).cast("long").alias("commit_lsn"),
                                  F.lit(None).cast("timestamp").alias("commit_ts")))
     return Assembled(committed, open_rows, messages_out, ledger, end, scanned)
+
+
+def drop_saved_open_rows(spark: SparkSession, path: str, before: int | None) -> None:
+    """Delete the open-transaction rows saved at ``path`` by runs that ended before seq ``before``.
+
+    Each run saves its ``open_rows`` tagged with its ``hi`` (``_run_hi``) and
+    reads back only those of the run that ended at its ``lo``; a re-run of an
+    interrupted slice reads the same ones. Rows saved by earlier runs are never
+    read again, and without this a transaction open across many runs would
+    stay in the table once per run. Call it with the run's ``lo``: the rows it
+    reads stay until the next run has saved its own.
+    """
+    from ..capture import _is_delta
+
+    if before is None or not _is_delta(spark, path):
+        return
+    # A DELETE whose files all skip by their _run_hi statistics commits nothing.
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE _run_hi < {int(before)}")

@@ -238,6 +238,14 @@ def _land(messages: list[CapturedMessage], tmp: Path, landing: Path, k: int) -> 
         path.rename(landing / f"{k:02d}-{path.name}")  # files land one by one
 
 
+def _saved_open_rows(spark: Any, target: str) -> set[int]:
+    """The runs (by hi) whose open-transaction rows ``_pgoutput/pending`` still holds."""
+    path = Path(target) / "_pgoutput" / "pending"
+    if not path.exists():
+        return set()
+    return {r[0] for r in spark.read.format("delta").load(str(path)).select("_run_hi").distinct().collect()}
+
+
 def _history(spark: Any, path: str) -> int:
     return spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}`").count()
 
@@ -264,6 +272,8 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
         assert (state.read_point, state.position, state.running) == (applied, result.hi, False)
         expected, what = _expected_at(workload, index, applied)
         mirrors.assert_equal(expected, f"run {len(results) + 1}, after {what}")
+        # Open-transaction rows: only this run's and those it read (the previous run's) are kept.
+        assert _saved_open_rows(spark, target) <= {result.lo, result.hi}, f"run {len(results) + 1}"
         previous_hi, previous_lsn = result.hi, applied
         results.append(result)
 

@@ -62,6 +62,7 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")
     cuts = [0, 181, 900, len(messages)]  # inside a stream block, mid-workload
+    saved = []
     for k, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
         part = [CapturedMessage(m.seq, m.lsn, m.xid, m.data) for m in messages[lo:hi]]
         for path in write_capture_parquet(part, tmp_path / f"chunk{k:02d}"):
@@ -69,6 +70,11 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
             path.rename(landing / f"{k:02d}-{path.name}")  # files land one by one
         result = run_changes(spark, read_capture(spark, str(landing)), target)
         assert not result.skipped and result.hi == messages[hi - 1].seq
+        saved.append(result.open_rows)
+        # Open-transaction rows: only this run's and those it read (the previous run's) are kept.
+        held = spark.read.format("delta").load(f"{target}/_pgoutput/pending").select("_run_hi").distinct()
+        assert {r[0] for r in held.collect()} <= {result.lo, result.hi}
+    assert saved[0] > 0  # the first run's rows were saved, and later deleted
     expected = _oracle_by_table(oracle)
     for table in TABLES:
         schema, rows = _ours(spark, target, table, expected[table])

@@ -32,7 +32,11 @@ CHANGE_TYPES = ("insert", "update", "delete", "truncate")
 IN_BLOCK_TYPES = ("begin", "begin_prepare", "commit", "prepare", "origin", "relation", "type",
                   "insert", "update", "delete", "truncate", "message")
 
-ROWS_PER_BUCKET = 1_000_000
+#: Messages per bucket of the carry-forward scan. Each bucket's window is one sort in one
+#: task, so buckets must be small enough for every core to get some: a million-message run
+#: in one bucket spent 23 s in the driver-side assembly steps, in buckets of 100,000 13.6 s
+#: (benchmarks/apply.py); the driver gets one row per bucket.
+ROWS_PER_BUCKET = 100_000
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> tup
     rows = []
     begin, xid = start.last_begin_seq, start.last_stream_xid
     end_begin, end_xid = start.last_begin_seq, start.last_stream_xid
-    for row in per_bucket:  # one row per bucket (a million messages each)
+    for row in per_bucket:  # one row per bucket (ROWS_PER_BUCKET messages each)
         rows.append((row["_bucket"], begin, xid))
         if row["begin_seq"] is not None:
             begin = row["begin_seq"]

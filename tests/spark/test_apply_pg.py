@@ -76,10 +76,11 @@ def _capture(pg: PgCluster, prefix: str, protocols: dict[int, dict[str, Any]],
 @pytest.fixture(scope="module")
 def pg15_captures(pg15: PgCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[Workload, dict[int, list[CapturedMessage]]]]:
-    """Protocols 2 (streamed; landed by `pgoutput-spark capture`) and 3 (streamed, two-phase)
-    of one PostgreSQL 15 workload."""
+    """Protocols 2 (streamed; landed by `pgoutput-spark capture`), 1 (nothing streamed) and 3
+    (streamed, two-phase) of one PostgreSQL 15 workload."""
     yield from _capture(pg15, "apply15", {
         2: {"streaming": "on", "messages": True},
+        1: {"messages": True},
         3: {"streaming": "on", "two_phase": True, "messages": True},
     }, landing=tmp_path_factory.mktemp("landing15"))
 
@@ -349,17 +350,27 @@ def _plain_type(t: T.DataType) -> str:
 def test_pg15_protocol_2_whole_capture_in_one_run(spark, pg15_captures, tmp_path):
     """Landed by `pgoutput-spark capture` (chunks of about 1000 messages, each read in a
     new decoding session), re-cut into several files, applied in one run (streamed
-    transactions whole within it).
-
-    Protocol 1 is left out to keep the suite short: what it sends differently
-    (large and prepared transactions as plain Begin .. Commit blocks) is the
-    path every other capture takes for its small transactions.
-    """
+    transactions whole within it)."""
     workload, captures = pg15_captures
     messages = captures[2]
     cuts = sorted(_cuts(messages, workload).values())
     mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, cuts, run_after=set())
     assert len(results) == 1
+    _check_types(mirrors)
+
+
+def test_pg15_protocol_1_in_two_runs(spark, pg15_captures, tmp_path):
+    """Protocol 1 streams nothing: large, prepared (sent at COMMIT PREPARED) and aborted-
+    subtransaction transactions come as plain Begin .. Commit blocks, without stream xids.
+    Two runs, the first ending inside pgbench's load of 100,000 inserts."""
+    workload, captures = pg15_captures
+    messages = captures[1]
+    assert not any(m.data[:1] in b"SEcAp" for m in messages)  # no stream or two-phase messages
+    cuts = _cuts(messages, workload)
+    ordered = sorted(cuts.values())
+    run_after = {ordered.index(cuts["pgbench load"])}
+    mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, ordered, run_after)
+    assert len(results) == 2 and results[0].open_rows > 0  # the load's rows carried over
     _check_types(mirrors)
 
 

@@ -43,13 +43,35 @@ def string_array(reader: BatchReader, rows: np.ndarray, start: np.ndarray, lengt
     return binary_array(reader, start, length, valid & ~bad).cast(pa.string())
 
 
+def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
+    """An Arrow validity bitmap, or None when everything is valid."""
+    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _counting_array(size: int) -> np.ndarray:
+    array = np.arange(size, dtype=np.int32)
+    array.flags.writeable = False
+    return array
+
+
+_COUNTING = _counting_array(1 << 16)
+
+
+def _counting(size: int) -> np.ndarray:
+    """0, 1, ..., size - 1 as int32 (the offsets of one-byte strings), shared read-only."""
+    global _COUNTING
+    if size > _COUNTING.size:
+        _COUNTING = _counting_array(max(size, 2 * _COUNTING.size))
+    return _COUNTING[:size]
+
+
 def char_array(codes: np.ndarray, valid: np.ndarray) -> pa.StringArray:
     """One-character strings from single bytes (e.g. tuple kinds, replica identity)."""
-    codes = np.where(valid, codes, ord("?")).astype(np.uint8)
-    offsets = np.arange(codes.size + 1, dtype=np.int32)
-    validity = None if valid.all() else pa.array(valid).buffers()[1]
+    codes = np.asarray(codes, dtype=np.uint8)
+    if not valid.all():
+        codes = np.where(valid, codes, ord("?")).astype(np.uint8)
     return pa.StringArray.from_buffers(
-        codes.size, pa.py_buffer(offsets), pa.py_buffer(codes), validity,
+        codes.size, pa.py_buffer(_counting(codes.size + 1)), pa.py_buffer(codes), _bitmap(valid),
         null_count=int(codes.size - np.count_nonzero(valid)),
     )
 
@@ -60,9 +82,9 @@ def list_array(counts: np.ndarray, valid: np.ndarray, values: pa.Array,
     counts = np.where(valid, counts, 0)
     offsets = np.zeros(counts.size + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), values, type=pa.list_(value_type), mask=mask_array(valid)
-    )
+    return pa.ListArray.from_buffers(
+        pa.list_(value_type), counts.size, [_bitmap(valid), pa.py_buffer(offsets)], children=[values],
+        null_count=int(counts.size - np.count_nonzero(valid)))
 
 
 def take_into(total: int, parts: list[tuple[np.ndarray, pa.Array]], type_: pa.DataType) -> pa.Array:

@@ -18,6 +18,16 @@ from .protocol import MessageType, TupleMarker
 from .reader import BatchReader, Cursor, TupleColumns
 
 
+#: What each change message allows after its relation id, and an Update after its old
+#: tuple, as their errors say.
+NEW_MARKER = "'N'"
+MARKERS = {
+    MessageType.INSERT: NEW_MARKER,
+    MessageType.UPDATE: "'K', 'O' or 'N'",
+    MessageType.DELETE: "'K' or 'O'",
+}
+
+
 @dataclass
 class ChangePart:
     """What `_change` read from one group (Insert, Update or Delete) of a batch."""
@@ -34,22 +44,22 @@ def read_change(cur: Cursor, kind: MessageType) -> ChangePart:
     """Insert, Update and Delete: relation id, optional old key/row, new row."""
     relation_id = cur.uint(4, "relation_id")
     if kind is MessageType.INSERT:
-        cur.expect((TupleMarker.NEW,), "marker", "'N'")
+        cur.expect((TupleMarker.NEW,), "marker", MARKERS[kind])
         old_kind, has_old = np.zeros(len(cur), dtype=np.uint8), np.zeros(len(cur), dtype=bool)
     elif kind is MessageType.UPDATE:
         old_kind = cur.peek_byte()
         has_old = (old_kind == TupleMarker.KEY) | (old_kind == TupleMarker.OLD)
-        cur.expect((TupleMarker.KEY, TupleMarker.OLD, TupleMarker.NEW), "marker", "'K', 'O' or 'N'")
+        cur.expect((TupleMarker.KEY, TupleMarker.OLD, TupleMarker.NEW), "marker", MARKERS[kind])
     else:
         old_kind = cur.peek_byte()
         has_old = np.ones(len(cur), dtype=bool)
-        cur.expect((TupleMarker.KEY, TupleMarker.OLD), "marker", "'K' or 'O'")
+        cur.expect((TupleMarker.KEY, TupleMarker.OLD), "marker", MARKERS[kind])
     old = None
     if has_old.any():
         sub = cur.where(has_old)
         old = sub.tuple_data("old_tuple")
         if kind is MessageType.UPDATE:
-            sub.expect((TupleMarker.NEW,), "new_marker", "'N'")
+            sub.expect((TupleMarker.NEW,), "new_marker", NEW_MARKER)
         cur.pos[has_old] = sub.pos
     new = None
     if kind is not MessageType.DELETE:

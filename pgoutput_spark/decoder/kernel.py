@@ -28,6 +28,7 @@ import pyarrow as pa
 from . import arrow as ab
 from . import schema as sc
 from .protocol import MessageType, TupleKind, TupleMarker
+from .change import MARKERS, NEW_MARKER
 from .reader import BatchReader, ErrorCode
 
 try:  # numba is a dependency, but a cluster may lack it: the NumPy walk then runs.
@@ -53,11 +54,6 @@ _BAD_KIND, _NEGATIVE, _TOO_MANY = (int(ErrorCode.BAD_KIND), int(ErrorCode.NEGATI
 _F_RELATION_ID, _F_MARKER, _F_NEW_MARKER, _F_END, _F_OLD, _F_NEW = 0, 1, 2, 3, 4, 8
 _NCOLUMNS, _KIND, _LENGTH, _VALUE = 0, 1, 2, 3
 _TUPLE_FIELDS = {_NCOLUMNS: "ncolumns", _KIND: "kind", _LENGTH: "length", _VALUE: "value"}
-_MARKERS = {  # what `change.read_change` expects after the relation id
-    MessageType.INSERT: "'N'",
-    MessageType.UPDATE: "'K', 'O' or 'N'",
-    MessageType.DELETE: "'K' or 'O'",
-}
 
 
 def engine() -> str:
@@ -274,6 +270,7 @@ def _elements(part: int, columns: int, nbytes: int) -> tuple[np.ndarray, np.ndar
 def _tuple_list(counts: np.ndarray, present: np.ndarray,
                 parts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
                 used: int, nbytes: int) -> pa.ListArray:
+    """The list column of one TupleData part from the first ``used`` elements of ``parts``."""
     kinds, offsets, valid = parts[0][:used].copy(), parts[1][:used + 1].copy(), parts[2][:used]
     if used == 0:
         offsets = np.zeros(1, dtype=np.int32)
@@ -283,32 +280,9 @@ def _tuple_list(counts: np.ndarray, present: np.ndarray,
         [pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None,
          pa.py_buffer(offsets), pa.py_buffer(parts[3][:nbytes])],
         null_count=nulls)
-    kind = pa.StringArray.from_buffers(used, pa.py_buffer(_counting(used + 1)), pa.py_buffer(kinds))
-    elements = pa.StructArray.from_arrays([kind, values], fields=list(sc.TUPLE_VALUE))
-    list_offsets = np.zeros(counts.size + 1, dtype=np.int32)
-    np.cumsum(counts, out=list_offsets[1:])  # counts are 0 where a tuple is absent
-    return pa.ListArray.from_buffers(
-        sc.TUPLE, counts.size,
-        [None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little")),
-         pa.py_buffer(list_offsets)],
-        children=[elements], null_count=int(counts.size - np.count_nonzero(present)))
-
-
-def _counting_array(size: int) -> np.ndarray:
-    array = np.arange(size, dtype=np.int32)
-    array.flags.writeable = False
-    return array
-
-
-_COUNTING = _counting_array(1 << 16)
-
-
-def _counting(size: int) -> np.ndarray:
-    """0, 1, ..., size - 1 as int32 (the offsets of one-byte strings), shared read-only."""
-    global _COUNTING
-    if size > _COUNTING.size:
-        _COUNTING = _counting_array(max(size, 2 * _COUNTING.size))
-    return _COUNTING[:size]
+    elements = pa.StructArray.from_arrays(
+        [ab.char_array(kinds, np.ones(used, dtype=bool)), values], fields=list(sc.TUPLE_VALUE))
+    return ab.list_array(counts, present, elements, sc.TUPLE_VALUE)
 
 
 def _record_errors(reader: BatchReader, types: np.ndarray, err: np.ndarray) -> None:
@@ -324,7 +298,7 @@ def _record_errors(reader: BatchReader, types: np.ndarray, err: np.ndarray) -> N
         elif field_id in (_F_MARKER, _F_NEW_MARKER):
             field = f"{kind.doc_name}.{'marker' if field_id == _F_MARKER else 'new_marker'}"
             if code == ErrorCode.BAD_MARKER:
-                text = _MARKERS[kind] if field_id == _F_MARKER else "'N'"
+                text = MARKERS[kind] if field_id == _F_MARKER else NEW_MARKER
         else:
             part = "old_tuple" if field_id < _F_NEW else "new_tuple"
             what = _TUPLE_FIELDS[(field_id - _F_OLD) % 4]

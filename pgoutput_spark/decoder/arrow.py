@@ -43,7 +43,7 @@ def string_array(reader: BatchReader, rows: np.ndarray, start: np.ndarray, lengt
     return binary_array(reader, start, length, valid & ~bad).cast(pa.string())
 
 
-def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
+def bitmap(valid: np.ndarray) -> pa.Buffer | None:
     """An Arrow validity bitmap, or None when everything is valid."""
     return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
 
@@ -71,7 +71,7 @@ def char_array(codes: np.ndarray, valid: np.ndarray) -> pa.StringArray:
     if not valid.all():
         codes = np.where(valid, codes, ord("?")).astype(np.uint8)
     return pa.StringArray.from_buffers(
-        codes.size, pa.py_buffer(_counting(codes.size + 1)), pa.py_buffer(codes), _bitmap(valid),
+        codes.size, pa.py_buffer(_counting(codes.size + 1)), pa.py_buffer(codes), bitmap(valid),
         null_count=int(codes.size - np.count_nonzero(valid)),
     )
 
@@ -83,7 +83,7 @@ def list_array(counts: np.ndarray, valid: np.ndarray, values: pa.Array,
     offsets = np.zeros(counts.size + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     return pa.ListArray.from_buffers(
-        pa.list_(value_type), counts.size, [_bitmap(valid), pa.py_buffer(offsets)], children=[values],
+        pa.list_(value_type), counts.size, [bitmap(valid), pa.py_buffer(offsets)], children=[values],
         null_count=int(counts.size - np.count_nonzero(valid)))
 
 
@@ -107,6 +107,7 @@ def take_into(total: int, parts: list[tuple[np.ndarray, pa.Array]], type_: pa.Da
 
 __all__ = [
     "binary_array",
+    "bitmap",
     "char_array",
     "list_array",
     "mask_array",

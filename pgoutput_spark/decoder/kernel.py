@@ -277,8 +277,7 @@ def _tuple_list(counts: np.ndarray, present: np.ndarray,
     nulls = int(used - np.count_nonzero(valid))
     values = pa.Array.from_buffers(
         pa.binary(), used,
-        [pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None,
-         pa.py_buffer(offsets), pa.py_buffer(parts[3][:nbytes])],
+        [ab.bitmap(valid), pa.py_buffer(offsets), pa.py_buffer(parts[3][:nbytes])],
         null_count=nulls)
     elements = pa.StructArray.from_arrays(
         [ab.char_array(kinds, np.ones(used, dtype=bool)), values], fields=list(sc.TUPLE_VALUE))

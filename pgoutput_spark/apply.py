@@ -396,8 +396,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type")
         with _step("collect the touched tables"):
             kinds: dict[int, set[str]] = {}
-            for r in touched.distinct().collect():
+            n_changes: dict[int, int] = {}  # change rows per relation (truncates included)
+            for r in touched.groupBy("relation_id", "message_type").count().collect():
                 kinds.setdefault(r["relation_id"], set()).add(r["message_type"])
+                n_changes[r["relation_id"]] = n_changes.get(r["relation_id"], 0) + r["count"]
             relations = sorted(kinds)
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
                                  F.countDistinct("commit_seq")).first()
@@ -451,7 +453,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                     # A (re-)snapshot at S holds every transaction that committed before S.
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
-                                             to_lsn, metadata, redone, _spec(history, oid, plan, tables), past))
+                                             n_changes[oid], to_lsn, metadata, redone,
+                                             _spec(history, oid, plan, tables), past))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out
@@ -662,11 +665,12 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, kinds: set[str], to_lsn: int, metadata: dict[str, Any],
+                  oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int, metadata: dict[str, Any],
                   redone: bool, spec: TableSpec, past: SchemaPlan | None = None) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
-    ``kinds``: the run's message types for the table (insert, update, delete, truncate).
+    ``kinds``: the run's message types for the table (insert, update, delete, truncate);
+    ``n_changes``: its number of change rows.
     ``past``: the plan of the table's history table, if it has one: written first (a redone
     run then finds the mirror as the history's versions left it).
     """
@@ -685,7 +689,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})
-    typed = typed_change_frame(committed, oid, history, columns=plan.columns)
+    typed = typed_change_frame(committed, oid, history, columns=plan.columns, rows=n_changes)
     if looks_up or past is not None:  # read more than once
         typed = typed.persist()
     try:

@@ -166,7 +166,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                 seq = first[0] if first is not None and first[0] is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
             latest = history.latest(relation_id)
-            frame = typed_change_frame(committed, relation_id, history)
+            frame = typed_change_frame(committed, relation_id, history, rows=per_relation[relation_id])
             path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"
             _append(frame, path, f"{state.pipeline}:changes:{relation_id}", hi)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]

@@ -12,6 +12,11 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from ..assemble.relations import RelationHistory, versions_from_rows
 from ..assemble.typed import change_schema, typed_changes
 
+#: Change rows per conversion task: a table with fewer is converted in one task. A Python task
+#: costs about 0.1 s whatever its rows (worker round trip, garbage collection), and the
+#: committed changes of a run are spread over every shuffle partition of its assembly.
+ROWS_PER_TASK = 100_000
+
 _NEEDED = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
            "txn_xid", "txn_origin"]
 
@@ -26,10 +31,14 @@ def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
 
 
 def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,
-                       columns: list[tuple[str, pa.DataType]] | None = None) -> DataFrame:
+                       columns: list[tuple[str, pa.DataType]] | None = None,
+                       rows: int | None = None) -> DataFrame:
     """The typed change rows of one relation (schema: `change_schema`).
 
     ``columns`` (name, Arrow type) default to `RelationHistory.table_columns`.
+    ``rows``, the relation's number of change rows if known, sets the number of
+    conversion tasks (`ROWS_PER_TASK` rows each; the partitions of ``committed``
+    are merged, not shuffled).
     """
     if columns is None:
         columns = history.table_columns(relation_id)  # type: ignore[assignment]
@@ -41,8 +50,11 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
         for batch in batches:
             yield typed_changes(batch, relation_id, relations, schema)
 
+    changes = relation_rows(committed, relation_id)
+    if rows is not None:
+        changes = changes.coalesce(max(1, -(-rows // ROWS_PER_TASK)))
     # Arrow timestamps without a zone are PostgreSQL `timestamp`: Spark's TIMESTAMP_NTZ.
-    return relation_rows(committed, relation_id).mapInArrow(
+    return changes.mapInArrow(
         convert, from_arrow_schema(schema, prefer_timestamp_ntz=True))
 
 

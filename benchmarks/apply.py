@@ -706,8 +706,9 @@ def time_merge(spark: Any, info: dict[str, Any], path: Path, base: Path, out: Pa
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(base, target)
     mirror = mirror_path(str(target), "public", MERGE_TABLE)
-    if variant == "no-dv":
-        spark.sql(f"ALTER TABLE delta.`{mirror}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
+    deletion_vectors = "false" if variant == "no-dv" else "true"
+    spark.sql(f"ALTER TABLE delta.`{mirror}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = "
+              f"'{deletion_vectors}')")
     capture = str(path / "capture")
     run_apply(spark, read_capture(spark, capture).where(F.col("seq") <= info["prime_hi_seq"]), str(target))
     files_before = _files(Path(mirror))
@@ -839,10 +840,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100000,10000000",
                         help="[b]: mirror sizes in rows, comma-separated (default 100000,10000000)")
     parser.add_argument("--merge-changes", type=int, default=10_000, help="[b]: changes per run (default 10,000)")
-    parser.add_argument("--merge-variants", default="dv",
-                        help="[b]: comma-separated: dv (random keys, mirrors as the job makes them: "
-                             "deletion vectors on), no-dv (deletion vectors off), recent (keys among the "
-                             "newest 1%% of rows, deletion vectors on)")
+    parser.add_argument("--merge-variants", default="no-dv",
+                        help="[b]: comma-separated: no-dv (random keys, deletion vectors off: mirrors as "
+                             "the job makes them), dv (random keys, deletion vectors on), recent (keys "
+                             "among the newest 1%% of rows, deletion vectors on) (default no-dv)")
     parser.add_argument("--merge-runs", type=int, default=1, help="[b]: runs per size and variant; the best counts")
     parser.add_argument("--rows-per-file", type=int, default=1_000_000,
                         help="[b]: rows per Parquet file of the initial mirrors (default 1,000,000)")

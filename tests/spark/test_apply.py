@@ -263,6 +263,29 @@ def test_timestamp_columns_and_names_with_dots_and_backticks(spark, tmp_path):
         (1, 7, dt.datetime(2024, 2, 29, 23, 59, 59, 999999), "x"), (2, 3, dt.datetime(2000, 1, 1), "y")]
 
 
+def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tmp_path):
+    """Column mapping and type widening always; deletion vectors only where the session's
+    Delta default (or the user, on the table) asks for them."""
+    rel = b.relation(5, "public", "p", "d", [(1, "id", INT4, -1)])
+    msgs = _txn(1, 1000, rel, b.insert(5, _t(1)))
+    default = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+
+    def properties(root):
+        path = mirror_delta.mirror_path(root, "public", "p")
+        return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["properties"]
+
+    run_apply(spark, _frame(spark, msgs), str(tmp_path / "plain"))
+    plain = properties(str(tmp_path / "plain"))
+    assert plain["delta.columnMapping.mode"] == "name" and plain["delta.enableTypeWidening"] == "true"
+    assert plain.get("delta.enableDeletionVectors", "false") == "false"
+    spark.conf.set(default, "true")
+    try:
+        run_apply(spark, _frame(spark, msgs), str(tmp_path / "dv"))
+    finally:
+        spark.conf.unset(default)
+    assert properties(str(tmp_path / "dv"))["delta.enableDeletionVectors"] == "true"
+
+
 def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
     """``table_name``: each mirror is an external catalog table too (odd characters become ``_``)."""
     root = str(tmp_path / "target")

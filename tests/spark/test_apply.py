@@ -263,6 +263,32 @@ def test_timestamp_columns_and_names_with_dots_and_backticks(spark, tmp_path):
         (1, 7, dt.datetime(2024, 2, 29, 23, 59, 59, 999999), "x"), (2, 3, dt.datetime(2000, 1, 1), "y")]
 
 
+def test_a_small_tables_changes_are_converted_in_one_task(spark, monkeypatch):
+    """The conversion's tasks follow the table's change rows (`ROWS_PER_TASK` each), not the
+    partitions of the run's committed rows; the rows are the same."""
+    from pgoutput_spark.spark import changes
+    from pgoutput_spark.spark.assemble import assemble
+    from pgoutput_spark.spark.decode import decode
+
+    rel = b.relation(5, "public", "c", "d", [(1, "id", INT4, -1)])
+    msgs = [*_txn(1, 1000, rel, *[b.insert(5, _t(i)) for i in range(20)]),
+            *_txn(2, 2000, *[b.update(5, _t(i)) for i in range(10)])]
+    decoded = decode(_frame(spark, msgs).repartition(3)).persist()
+    try:
+        committed = assemble(decoded).committed
+        history = changes.history_of(decoded)
+        every = changes.typed_change_frame(committed, 5, history)
+        assert every.rdd.getNumPartitions() > 1
+        monkeypatch.setattr(changes, "ROWS_PER_TASK", 30)
+        one = changes.typed_change_frame(committed, 5, history, rows=30)
+        monkeypatch.setattr(changes, "ROWS_PER_TASK", 29)
+        two = changes.typed_change_frame(committed, 5, history, rows=30)
+        assert (one.rdd.getNumPartitions(), two.rdd.getNumPartitions()) == (1, 2)
+        assert sorted(map(repr, one.collect())) == sorted(map(repr, every.collect()))
+    finally:
+        decoded.unpersist()
+
+
 def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tmp_path):
     """Column mapping and type widening always; deletion vectors only where the session's
     Delta default (or the user, on the table) asks for them."""

@@ -665,8 +665,9 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int, metadata: dict[str, Any],
-                  redone: bool, spec: TableSpec, past: SchemaPlan | None = None) -> TableResult:
+                  oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int,
+                  metadata: dict[str, Any], redone: bool, spec: TableSpec,
+                  past: SchemaPlan | None = None) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate);

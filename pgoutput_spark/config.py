@@ -131,7 +131,10 @@ class TablesConfig:
 LOCAL_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
-    "spark.databricks.delta.snapshotPartitions": "2",
+    # Delta rebuilds a table's snapshot after every commit, in 50 partitions by default. Measured on
+    # local[2] (small mirrors, ad hoc): an append took 1.1 s with 2 partitions and 0.35 s with 1, a
+    # 60-row MERGE 1.8 s and 0.7 s.
+    "spark.databricks.delta.snapshotPartitions": "1",
 }
 
 

@@ -685,8 +685,9 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                                     is not None)
     if done is not None and history_done:  # this table's merges committed before the run was interrupted
         return TableResult(name, plan.path, oid, **done, status="already applied")
-    with _step(f"{name}: schema"):
-        apply_schema(session, plan)
+    if plan.exists:  # a new mirror is created by its first append, in the same commit
+        with _step(f"{name}: schema"):
+            apply_schema(session, plan)
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})
@@ -726,10 +727,11 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                                           and set(changes) <= {"insert"})
             if appends:
                 n_rows = sum(summary[a]["n"] for a in ("upsert", "insert") if a in summary)
-                if n_rows:
+                if n_rows or not plan.exists:
                     source = net.where(F.col("_action").isin("upsert", "insert"))
                     with _step(f"{name}: append"):
-                        append(plan.path, source, spec, app_id=app_id, version=to_lsn, metadata=metadata)
+                        append(plan.path, source, spec, app_id=app_id, version=to_lsn, metadata=metadata,
+                               create=not plan.exists)
                 counts = {"inserted": n_rows, "updated": 0, "deleted": 0}
             elif changes or truncated:
                 source = net.where(F.col("_action").isin("upsert", "delete", "delete_all", "insert"))

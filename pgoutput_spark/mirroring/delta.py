@@ -376,16 +376,21 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
 
 
 def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, version: int,
-           metadata: dict[str, Any]) -> None:
+           metadata: dict[str, Any], create: bool = False) -> None:
     """Append ``source``'s rows to the mirror at ``path``: what a MERGE would do when no row can match.
 
-    For a mirror created by this run (empty) and for a multiset receiving only
-    inserts. Idempotent like `merge` (same transaction identifiers, metadata).
+    For a mirror this run creates and for a multiset receiving only inserts.
+    Idempotent like `merge` (same transaction identifiers, metadata). With
+    ``create`` the append creates the mirror (schema: ``source``'s, properties:
+    `PROPERTIES`) in the same commit, even with no rows.
     """
-    (source.select(*[F.col(quote(c)) for c in spec.columns]).write.format("delta").mode("append")
-     .option("txnAppId", app_id).option("txnVersion", version)
-     .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
-     .save(path))
+    writer = (source.select(*[F.col(quote(c)) for c in spec.columns]).write.format("delta").mode("append")
+              .option("txnAppId", app_id).option("txnVersion", version)
+              .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True)))
+    if create:  # a new Delta table takes "delta.*" writer options as its table properties
+        for key, value in PROPERTIES.items():
+            writer = writer.option(key, value)
+    writer.save(path)
 
 
 def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:

@@ -291,19 +291,27 @@ def test_a_small_tables_changes_are_converted_in_one_task(spark, monkeypatch):
 
 def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tmp_path):
     """Column mapping and type widening always; deletion vectors only where the session's
-    Delta default (or the user, on the table) asks for them."""
+    Delta default (or the user, on the table) asks for them. A new mirror is created by its
+    first append, in one commit, even when the run leaves it empty."""
     rel = b.relation(5, "public", "p", "d", [(1, "id", INT4, -1)])
-    msgs = _txn(1, 1000, rel, b.insert(5, _t(1)))
+    gone = b.relation(6, "public", "gone", "d", [(1, "id", INT4, -1)])
+    msgs = _txn(1, 1000, rel, b.insert(5, _t(1)), gone, b.insert(6, _t(1)), b.delete(6, _t(1)))
     default = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
 
-    def properties(root):
-        path = mirror_delta.mirror_path(root, "public", "p")
+    def properties(root, table="p"):
+        path = mirror_delta.mirror_path(root, "public", table)
         return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["properties"]
 
     run_apply(spark, _frame(spark, msgs), str(tmp_path / "plain"))
-    plain = properties(str(tmp_path / "plain"))
-    assert plain["delta.columnMapping.mode"] == "name" and plain["delta.enableTypeWidening"] == "true"
-    assert plain.get("delta.enableDeletionVectors", "false") == "false"
+    for table, rows in (("p", [(1,)]), ("gone", [])):
+        plain = properties(str(tmp_path / "plain"), table)
+        assert plain["delta.columnMapping.mode"] == "name" and plain["delta.enableTypeWidening"] == "true"
+        assert plain.get("delta.enableDeletionVectors", "false") == "false"
+        path = mirror_delta.mirror_path(str(tmp_path / "plain"), "public", table)
+        commits = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+        assert [(c["version"], c["operation"]) for c in commits] == [(0, "WRITE")]
+        assert '"app_id": "default:relation:' in commits[0]["userMetadata"]
+        assert [tuple(r) for r in spark.read.format("delta").load(path).collect()] == rows
     spark.conf.set(default, "true")
     try:
         run_apply(spark, _frame(spark, msgs), str(tmp_path / "dv"))

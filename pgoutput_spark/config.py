@@ -131,9 +131,9 @@ class TablesConfig:
 LOCAL_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
-    # Delta rebuilds a table's snapshot after every commit, in 50 partitions by default. Measured on
-    # local[2] (small mirrors, ad hoc): an append took 1.1 s with 2 partitions and 0.35 s with 1, a
-    # 60-row MERGE 1.8 s and 0.7 s.
+    # Delta rebuilds a table's snapshot after every commit, in 50 partitions by default: on local[2]
+    # a 60-row MERGE into a small mirror takes 1.6 s with 50, 0.7-0.9 s with 1 or 2
+    # (benchmarks/small_tables.py).
     "spark.databricks.delta.snapshotPartitions": "1",
 }
 

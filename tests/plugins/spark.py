@@ -22,9 +22,9 @@ def spark() -> Iterator[SparkSession]:
             # One JVM runs the whole suite's Delta work; with Spark's 1 GB default heap a MERGE late in
             # the run once failed to build its broadcast table ("Not enough memory to build and broadcast").
             "spark.driver.memory": "4g",
-            # Measured on one end-to-end apply test (2 cores): 76 s as before, 71 s with snapshots in
-            # one partition, 67 s with the parallel collector as well (G1's concurrent threads compete
-            # with the tasks for the 2 cores).
+            # The parallel collector: G1's concurrent threads compete with the tasks for the 2 cores.
+            # Single runs of one end-to-end apply test: 76 s with G1 and 2 snapshot partitions, 71 s
+            # with 1 partition, 67 s with the parallel collector as well.
             "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
             # Small Delta tables: rebuild their snapshots in 1 partition, not 50 (as conf/local.yaml).
             "spark.databricks.delta.snapshotPartitions": "1",

@@ -53,6 +53,7 @@ from .mirroring.delta import (
     METADATA_KEY,
     CatalogError,
     SchemaPlan,
+    absolute_path,
     append,
     applied_commit,
     apply_schema,
@@ -183,7 +184,7 @@ class Ledger:
     """The target's run state (see module doc)."""
 
     def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
-        self.spark, self.root, self.pipeline = spark, target.rstrip("/"), pipeline
+        self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
         self.lease_path = f"{self.root}/_pgoutput/lease"
         self.runs_path = f"{self.root}/_runs"
         self.relations_path = f"{self.root}/_pgoutput/relations"

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
+from .mirroring.delta import absolute_path
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -72,7 +73,7 @@ def _append(frame: DataFrame, path: str, app_id: str, version: int, overwrite: b
 
 class _State:
     def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
-        self.spark, self.target, self.pipeline = spark, target.rstrip("/"), pipeline
+        self.spark, self.target, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
         self.runs = f"{self.target}/_pgoutput/runs"
         self.relations_path = f"{self.target}/_pgoutput/relations"
         self.pending_path = f"{self.target}/_pgoutput/pending"

@@ -19,6 +19,7 @@ and records the run's LSN and seq range as its commit's ``userMetadata``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,7 +65,21 @@ DEFAULT_HISTORY_PATH = "{root}/_history/{schema}/{table}"
 
 def mirror_path(root: str, namespace: str, name: str, template: str = DEFAULT_TABLE_PATH) -> str:
     """Where the mirror of ``namespace.name`` lives (``template``: see `ApplyConfig.table_path`)."""
-    return template.format(root=root.rstrip("/"), schema=_segment(namespace), table=_segment(name))
+    return absolute_path(template.format(root=root.rstrip("/"), schema=_segment(namespace),
+                                         table=_segment(name)))
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def absolute_path(path: str) -> str:
+    """A local path made absolute, a URI (``s3a://...``, ``file:/...``) as given.
+
+    Delta's SQL on a path (``UPDATE delta.`out/demo/...```) rejects a relative
+    one, so every path the jobs write to is made absolute first (relative to
+    the working directory, as Spark reads it).
+    """
+    return path if _URI.match(path) else os.path.abspath(path)
 
 
 def catalog_name(template: str, namespace: str, name: str) -> tuple[str, ...]:

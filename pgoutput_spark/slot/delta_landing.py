@@ -35,7 +35,9 @@ def _latest(spark: SparkSession, path: str) -> dict[str, Any] | None:
 
     if not _is_delta(spark, path):
         return None
-    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}` LIMIT 50").select(
+    from ..mirroring.delta import absolute_path
+
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{absolute_path(path).replace('`', '``')}` LIMIT 50").select(
         "userMetadata").collect()
     for row in rows:
         try:

@@ -340,7 +340,9 @@ def _record_start(spark: SparkSession, target: str, pipeline: str, table: Publis
 
 
 def snapshots_path(target: str) -> str:
-    return f"{target.rstrip('/')}/_pgoutput/snapshots"
+    from ..mirroring.delta import absolute_path
+
+    return absolute_path(f"{target.rstrip('/')}/_pgoutput/snapshots")
 
 
 def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: PublishedTable, plan: Any,

@@ -59,6 +59,7 @@ from .mirroring.delta import (
     apply_schema,
     catalog_name,
     catalog_registered,
+    converted_net_frame,
     merge,
     mirror_path,
     net_frame,
@@ -71,7 +72,7 @@ from .mirroring.delta import (
     table_spec,
 )
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
-from .spark.changes import typed_change_frame
+from .spark.changes import converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
 
@@ -692,20 +693,26 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})
-    typed = typed_change_frame(committed, oid, history, columns=plan.columns, rows=n_changes)
-    if looks_up or past is not None:  # read more than once
-        typed = typed.persist()
+    # Nothing to look up and no history: convert and net in one task (see `converted_net_frame`).
+    fused = not looks_up and past is None
+    typed = None if fused else typed_change_frame(  # read more than once
+        committed, oid, history, columns=plan.columns, rows=n_changes).persist()
     try:
         versions = None
         if not history_done:
-            assert past is not None
+            assert past is not None and typed is not None
             with _step(f"{name}: history"):
                 versions = _write_history(session, ledger.pipeline, typed, past, plan, spec, arrow_schema, kinds,
                                           history_app_id, to_lsn, metadata)
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
-        pre = pre_image(session, plan.path, typed, spec) if looks_up else None
-        net = net_frame(typed, pre, spec, arrow_schema).persist()
+        if fused:
+            net = converted_net_frame(relation_rows(committed, oid),
+                                      converter(session, oid, history, arrow_schema), spec, arrow_schema).persist()
+        else:
+            assert typed is not None
+            pre = pre_image(session, plan.path, typed, spec) if looks_up else None
+            net = net_frame(typed, pre, spec, arrow_schema).persist()
         try:
             with _step(f"{name}: convert, pre-image, net change"):
                 summary = {r["_action"]: r for r in net.groupBy("_action").agg(
@@ -748,7 +755,8 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         finally:
             net.unpersist()
     finally:
-        typed.unpersist()
+        if typed is not None:
+            typed.unpersist()
 
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,

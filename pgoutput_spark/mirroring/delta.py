@@ -318,6 +318,23 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
     return in_one_task(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec))
 
 
+def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+                        spec: TableSpec, arrow_schema: pa.Schema) -> DataFrame:
+    """`net_frame` without a pre-image, converting the table's raw change rows in the same task.
+
+    ``changes``: the table's `relation_rows`; ``convert``: `spark.changes.converter`
+    (to ``arrow_schema``). The typed rows never become Spark rows: one pass
+    through a Python task where converting in tasks of their own and netting
+    in another moves every typed row out of Arrow, through a shuffle and back.
+    """
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches([convert(batch) for batch in batches], schema=arrow_schema)
+        yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
+
+    return changes.repartition(1).mapInArrow(
+        run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
+
+
 def in_one_task(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
                 compute: Callable[[pa.Table], pa.Table]) -> DataFrame:
     """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -43,19 +43,28 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
     if columns is None:
         columns = history.table_columns(relation_id)  # type: ignore[assignment]
     schema = change_schema(columns)  # type: ignore[arg-type]
-    shared = committed.sparkSession.sparkContext.broadcast(history)
+    convert = converter(committed.sparkSession, relation_id, history, schema)
 
-    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        relations = shared.value
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield typed_changes(batch, relation_id, relations, schema)
+            yield convert(batch)
 
     changes = relation_rows(committed, relation_id)
     if rows is not None:
         changes = changes.coalesce(max(1, -(-rows // ROWS_PER_TASK)))
     # Arrow timestamps without a zone are PostgreSQL `timestamp`: Spark's TIMESTAMP_NTZ.
-    return changes.mapInArrow(
-        convert, from_arrow_schema(schema, prefer_timestamp_ntz=True))
+    return changes.mapInArrow(run, from_arrow_schema(schema, prefer_timestamp_ntz=True))
+
+
+def converter(spark: SparkSession, relation_id: int, history: RelationHistory,
+              schema: pa.Schema) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    """A function for Python tasks: a batch of `relation_rows` to typed change rows (``schema``)."""
+    shared = spark.sparkContext.broadcast(history)
+
+    def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return typed_changes(batch, relation_id, shared.value, schema)
+
+    return convert
 
 
 def history_of(decoded: DataFrame) -> RelationHistory:

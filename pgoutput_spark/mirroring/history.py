@@ -78,7 +78,8 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
         elif not truncated and code not in closed:
             closed[code] = i  # a no-op if the key had no current version
 
-    for i, op in enumerate(p.ops):
+    for i in p.order:
+        op = p.ops[i]
         if op == "pre":
             pre[p.new_code[i]] = i
             continue
@@ -139,7 +140,7 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
         positions = pa.array([first_seen[c] for c in closed])
         cols = {name: pa.nulls(len(closed), p.data[name].type) for name in p.names}
         for k, arr in zip(spec.key, p.key_arrays):
-            cols[k] = arr.take(positions)
+            cols[k] = arr.take(positions).combine_chunks()
         meta = {
             "_valid_from_lsn": pa.nulls(len(closed), pa.int64()),
             "_valid_to_lsn": pa.array(commit_lsn[np.asarray(rows_closing)], pa.int64()),

@@ -81,11 +81,19 @@ def _validity(values: pa.Array) -> pa.Buffer | None:
     return pa.array(np.asarray(values.is_valid())).buffers()[1] if values.null_count else None
 
 
-def _column_codes(values: pa.Array) -> np.ndarray:
+def _column_codes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """One integer per value, equal for equal values (NULL equal to NULL), vectorized for nested types."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
     kind = values.type
+    if isinstance(values, pa.ChunkedArray):
+        if not (pa.types.is_nested(kind) or pa.types.is_dictionary(kind)):
+            # The chunks share one dictionary: no copy of the values into one array.
+            try:
+                encoded = pc.dictionary_encode(values, null_encoding="encode")
+                return np.concatenate([np.asarray(c.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+                                       for c in encoded.chunks] or [np.zeros(0, np.int64)])
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                pass
+        values = values.combine_chunks()
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         # Each list as the bytes of its elements' codes; then codes of those byte strings.
         lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
@@ -115,15 +123,22 @@ def _column_codes(values: pa.Array) -> np.ndarray:
 def key_codes_from(codes: Sequence[np.ndarray]) -> np.ndarray:
     """Combine per-column codes into one code per row, equal where every column's code is equal."""
     out = _dense(codes[0])
+    bound = int(out.max()) + 1 if out.size else 1  # every code of ``out`` is below it
     for more in codes[1:]:
-        more = _dense(more)
+        if more.size and more.min() < 0:
+            more = _dense(more)
         width = int(more.max()) + 1 if more.size else 1
-        # Both below the row count n: the pair's code stays below n**2, far within int64.
-        out = _dense(out * width + more)
-    return out
+        if bound * width >= 2**62:
+            # Renumber before the pair's code could leave int64: then both are below the row count n,
+            # and n**2 is far within it.
+            out = _dense(out)
+            bound = int(out.max()) + 1 if out.size else 1
+        out = out * width + more
+        bound *= width
+    return _dense(out) if len(codes) > 1 else out
 
 
-def key_codes(columns: Sequence[pa.Array]) -> np.ndarray:
+def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """One integer per row, equal for rows whose values are equal in every column."""
     codes = [_column_codes(c) for c in columns]
     if len(codes) == 1:
@@ -131,18 +146,24 @@ def key_codes(columns: Sequence[pa.Array]) -> np.ndarray:
     return key_codes_from(codes)
 
 
-def _unchanged_positions(lists: pa.Array, names: list[str]) -> dict[int, list[int]]:
-    """Row -> positions (in ``names``) of its unchanged-TOAST columns, for the rows that have any."""
+def _unchanged_pairs(lists: pa.Array, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position in ``names``) of every unchanged-TOAST column, rows in input order."""
     lists = lists.fill_null([]) if lists.null_count else lists
     flat = lists.flatten()
     if len(flat) == 0:
-        return {}
-    parents = np.asarray(pc.list_parent_indices(lists))
-    position = {name: j for j, name in enumerate(names)}
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    parents = np.asarray(pc.list_parent_indices(lists), dtype=np.int64)
+    # A column the mirror does not know cannot be unchanged: index_in gives it NULL.
+    positions = pc.index_in(flat, value_set=pa.array(names, pa.string()))
+    known = np.asarray(positions.is_valid())
+    return parents[known], np.asarray(positions.fill_null(0), dtype=np.int64)[known]
+
+
+def _unchanged_positions(rows: np.ndarray, positions: np.ndarray) -> dict[int, list[int]]:
+    """Row -> positions of its unchanged-TOAST columns, for the rows that have any."""
     out: dict[int, list[int]] = {}
-    for row, name in zip(parents.tolist(), flat.to_pylist()):
-        if name in position:  # a column the mirror does not know cannot be unchanged
-            out.setdefault(row, []).append(position[name])
+    for row, j in zip(rows.tolist(), positions.tolist()):
+        out.setdefault(row, []).append(j)
     return out
 
 
@@ -150,9 +171,21 @@ def _provenance(prov: Any, j: int) -> int:
     return prov if isinstance(prov, int) else prov[1].get(j, prov[0])
 
 
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array, without a copy when it already is one chunk."""
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks() if column.num_chunks else pa.nulls(0, column.type)
+
+
 @dataclass
 class Prepared:
-    """A table's change rows in commit order, with integer codes for their new and old keys."""
+    """A table's change rows with integer codes for their new and old keys, and their commit order.
+
+    Rows stay where they were (sorting a wide table's values costs more than the whole loop
+    over its changes); ``order`` lists the row indices in commit order, and every row index
+    below, provenances included, is a position in ``rows``.
+    """
 
     rows: pa.Table
     data: dict[str, pa.Array]  # the data columns (unchanged TOAST filled in for multisets)
@@ -164,46 +197,51 @@ class Prepared:
     old_code: list[int]  # code of each row's old key (meaningful where has_old)
     has_old: list[bool]
     unchanged: dict[int, list[int]]  # row -> positions of its unchanged-TOAST columns (keyed tables)
-    key_arrays: list[pa.Array]  # new keys (rows 0..n-1) then old keys (n..2n-1), per key column
+    key_arrays: list[pa.ChunkedArray]  # new keys (rows 0..n-1) then old keys (n..2n-1), per key column
+    order: list[int]  # row indices in commit order
 
 
 def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
-    """Sort ``rows`` into commit order and code their keys (shared by the mirror and its history)."""
-    rows = rows.combine_chunks()
-    order = np.lexsort((rows.column("_seq").to_numpy(), rows.column("_commit_seq").to_numpy()))
-    rows = rows.take(pa.array(order)) if rows.num_rows else rows
+    """Find the commit order of ``rows`` and code their keys (shared by the mirror and its history)."""
     n = rows.num_rows
-    names = list(spec.columns)
-    data = {name: rows.column(name).combine_chunks() if rows.column(name).num_chunks
-            else pa.nulls(0, rows.schema.field(name).type) for name in names}
-    ops = rows.column("_op").to_pylist()
-    seqs = rows.column("_seq").to_numpy()
-    old = rows.column("_old").combine_chunks() if n else pa.nulls(0, rows.schema.field("_old").type)
-    has_old = np.asarray(old.is_valid()) if n else np.zeros(0, dtype=bool)
-    unchanged = _unchanged_positions(rows.column("_unchanged_toast").combine_chunks(), names) if n else {}
 
-    if spec.mode == "multiset" and unchanged:
+    def column(name: str) -> pa.Array:
+        return _one_array(rows.column(name))
+
+    seqs = column("_seq").to_numpy()
+    order = np.lexsort((seqs, column("_commit_seq").to_numpy()))
+    names = list(spec.columns)
+    data = {name: column(name) for name in names}
+    ops = column("_op").to_pylist()
+    old = column("_old")
+    has_old = np.asarray(old.is_valid()) if n else np.zeros(0, dtype=bool)
+    unchanged_rows, unchanged_columns = _unchanged_pairs(column("_unchanged_toast"), names) \
+        if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    unchanged: dict[int, list[int]] = {}
+    if spec.mode == "multiset":
         # The whole row is the identity: an unchanged column of the new row is the old row's value.
-        for j, name in enumerate(names):
-            hit = np.zeros(n, dtype=bool)
-            hit[[r for r, cols in unchanged.items() if j in cols]] = True
-            if hit.any() and name in spec.key:
+        for j in np.unique(unchanged_columns).tolist():
+            name = names[j]
+            if name in spec.key:
+                hit = np.zeros(n, dtype=bool)
+                hit[unchanged_rows[unchanged_columns == j]] = True
                 data[name] = pc.if_else(pa.array(hit), old.field(name), data[name])
-        unchanged = {}
+    else:
+        unchanged = _unchanged_positions(unchanged_rows, unchanged_columns)
     # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space.
-    key_arrays = [pa.concat_arrays([data[k], old.field(k).cast(data[k].type)]) for k in spec.key]
+    key_arrays = [pa.chunked_array([data[k], old.field(k).cast(data[k].type)]) for k in spec.key]
     codes = key_codes(key_arrays) if spec.key else np.zeros(2 * n, dtype=np.int64)
     return Prepared(rows, data, old, names, ops, seqs, codes[:n].tolist(), codes[n:].tolist(),
-                    has_old.tolist(), unchanged, key_arrays)
+                    has_old.tolist(), unchanged, key_arrays, order.tolist())
 
 
 def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
     """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted."""
     p = prepare(rows, spec)
     if spec.mode == "keyed":
-        return _keyed(p.rows, p.data, p.old, p.names, spec, p.ops, p.seqs, p.new_code, p.old_code, p.has_old,
-                      p.unchanged, p.key_arrays)
-    return _multiset(p.rows, p.data, p.old, p.names, p.ops, p.seqs, p.new_code, p.old_code, p.has_old)
+        return _keyed(p, spec)
+    return _multiset(p)
 
 
 def _skipped_reason(op: str, unchanged: bool) -> str:
@@ -214,15 +252,16 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
     return reason
 
 
-def _keyed(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list[str], spec: TableSpec,
-           ops: list[str], seqs: np.ndarray, new_code: list[int], old_code: list[int],
-           has_old: list[bool], unchanged: dict[int, list[int]], key_arrays: list[pa.Array]) -> pa.Table:
+def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
+    data, ops, seqs, names = p.data, p.ops, p.seqs, p.names
+    new_code, old_code, has_old, unchanged = p.new_code, p.old_code, p.has_old, p.unchanged
     pre: dict[int, int] = {}
     state: dict[int, Any] = {}  # code -> provenance (row index, or (row, {column: row})) or None
     last: dict[int, int] = {}  # code -> row of the change that last touched it
     skipped: list[tuple[int, str]] = []
     truncated_at = -1
-    for i, op in enumerate(ops):
+    for i in p.order:
+        op = ops[i]
         if op == "pre":
             pre[new_code[i]] = i
             continue
@@ -272,7 +311,7 @@ def _keyed(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list
         first_seen = dict(zip(uniq.tolist(), where.tolist()))
 
     parts: list[pa.Table] = []
-    schema = out_schema(rows.schema)
+    schema = out_schema(p.rows.schema)
     if upserts:
         cols = {name: data[name].take(pa.array([_provenance(p, j) for _, p in upserts]))
                 for j, name in enumerate(names)}
@@ -281,37 +320,36 @@ def _keyed(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list
     if deletes:
         positions = pa.array([first_seen[c] for c in deletes])
         cols = {name: pa.nulls(len(deletes), data[name].type) for name in names}
-        for k, arr in zip(spec.key, key_arrays):
-            cols[k] = arr.take(positions)
+        for k, arr in zip(spec.key, p.key_arrays):
+            cols[k] = arr.take(positions).combine_chunks()
         parts.append(_frame(schema, "delete", seqs, ops, [last[c] for c in deletes], None, cols))
-    return _ending(parts, schema, data, old, names, seqs, ops, skipped, truncated_at)
+    return _ending(parts, schema, p, skipped, truncated_at)
 
 
-def _ending(parts: list[pa.Table], schema: pa.Schema, data: dict[str, pa.Array], old: pa.Array,
-            names: list[str], seqs: np.ndarray, ops: list[str], skipped: list[tuple[int, str]],
+def _ending(parts: list[pa.Table], schema: pa.Schema, p: Prepared, skipped: list[tuple[int, str]],
             truncated_at: int) -> pa.Table:
     """``parts`` with the skipped changes and the truncate (if any) added, as one table."""
     if skipped:
-        parts.append(_skipped_frame(schema, data, old, names, seqs, ops, skipped))
+        parts.append(_skipped_frame(schema, p, skipped))
     if truncated_at >= 0:
-        cols = {name: pa.nulls(1, data[name].type) for name in names}
-        parts.append(_frame(schema, "truncate", seqs, ops, [truncated_at], None, cols))
+        cols = {name: pa.nulls(1, p.data[name].type) for name in p.names}
+        parts.append(_frame(schema, "truncate", p.seqs, p.ops, [truncated_at], None, cols))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _skipped_frame(schema: pa.Schema, data: dict[str, pa.Array], old: pa.Array, names: list[str],
-                   seqs: np.ndarray, ops: list[str], skipped: list[tuple[int, str]]) -> pa.Table:
+def _skipped_frame(schema: pa.Schema, p: Prepared, skipped: list[tuple[int, str]]) -> pa.Table:
     """The skipped changes, each with the row it looked for (a delete's old key, an update's new row)."""
     rows = [i for i, _ in skipped]
     index = pa.array(rows)
-    is_delete = pa.array([ops[i] == "delete" for i in rows])
-    cols = {name: pc.if_else(is_delete, old.field(name).take(index), data[name].take(index))
-            for name in names}
-    return _frame(schema, "skipped", seqs, ops, rows, [r for _, r in skipped], cols)
+    is_delete = pa.array([p.ops[i] == "delete" for i in rows])
+    cols = {name: pc.if_else(is_delete, p.old.field(name).take(index), p.data[name].take(index))
+            for name in p.names}
+    return _frame(schema, "skipped", p.seqs, p.ops, rows, [r for _, r in skipped], cols)
 
 
-def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: list[str], ops: list[str],
-              seqs: np.ndarray, new_code: list[int], old_code: list[int], has_old: list[bool]) -> pa.Table:
+def _multiset(p: Prepared) -> pa.Table:
+    data, ops, seqs, names = p.data, p.ops, p.seqs, p.names
+    new_code, old_code, has_old = p.new_code, p.old_code, p.has_old
     pre: dict[int, int] = {}
     count: dict[int, int] = {}
     rep: dict[int, int] = {}  # code -> a row holding its values
@@ -324,7 +362,8 @@ def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: l
             return count[code]
         return 0 if truncated_at >= 0 else pre.get(code, 0)
 
-    for i, op in enumerate(ops):
+    for i in p.order:
+        op = ops[i]
         if op == "pre":
             pre[new_code[i]] = pre.get(new_code[i], 0) + 1
             rep.setdefault(new_code[i], i)
@@ -348,7 +387,7 @@ def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: l
         rep[code] = i
         last[code] = i
 
-    schema = out_schema(rows.schema)
+    schema = out_schema(p.rows.schema)
     actions: list[tuple[str, int, int, int, int]] = []  # (action, value row, deciding row, +, -)
     for code, final in count.items():
         before = 0 if truncated_at >= 0 else pre.get(code, 0)
@@ -367,7 +406,7 @@ def _multiset(rows: pa.Table, data: dict[str, pa.Array], old: pa.Array, names: l
                        actions=[a[0] for a in actions], inserted=[a[3] for a in actions],
                        deleted=[a[4] for a in actions])
         parts.append(frame)
-    return _ending(parts, schema, data, old, names, seqs, ops, skipped, truncated_at)
+    return _ending(parts, schema, p, skipped, truncated_at)
 
 
 def _frame(schema: pa.Schema, action: str, seqs: np.ndarray, ops: list[str], deciding: list[int],

@@ -582,8 +582,9 @@ class _Rebuild:
                 latest = history.latest(oid)
                 name = f"{latest.namespace}.{latest.name}"
                 spec = _spec(history, oid, plan, tables)
-                typed = typed_change_frame(committed, oid, history, columns=plan.columns)
-                net = net_frame(typed, None, spec, change_schema(plan.columns))
+                arrow_schema = change_schema(plan.columns)
+                net = converted_net_frame(relation_rows(committed, oid),
+                                          converter(ledger.spark, oid, history, arrow_schema), spec, arrow_schema)
                 rows = net.where(F.col("_action").isin("upsert", "insert")).select(
                     *[F.col(quote(c)) for c in spec.columns]).persist()
                 try:

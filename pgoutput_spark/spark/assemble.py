@@ -32,6 +32,11 @@ CHANGE_TYPES = ("insert", "update", "delete", "truncate")
 IN_BLOCK_TYPES = ("begin", "begin_prepare", "commit", "prepare", "origin", "relation", "type",
                   "insert", "update", "delete", "truncate", "message")
 
+#: Blocks (Begin / Begin Prepare) up to which the block table is broadcast to the changes' join:
+#: otherwise every message of a block crosses a shuffle (the whole run, nested change rows
+#: and all). A block row is about 100 bytes.
+BROADCAST_BLOCKS = 1_000_000
+
 #: Messages per bucket of the carry-forward scan. Each bucket's window is one sort in one
 #: task, so buckets must be small enough for every core to get some: a million-message run
 #: in one bucket spent 23 s in the driver-side assembly steps, in buckets of 100,000 13.6 s
@@ -76,9 +81,11 @@ _BOUNDARY = ("begin", "begin_prepare", "commit", "prepare")
 _STREAM_EDGES = ("stream_start", "stream_stop")
 
 
-def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> tuple[DataFrame, ScanState]:
-    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets; and the
-    block / stream still open after the last message (for the next run). One pass."""
+def _carry_in(spark: SparkSession, bucketed: DataFrame,
+              start: ScanState) -> tuple[DataFrame, ScanState, int]:
+    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets; the
+    block / stream still open after the last message (for the next run); and the number of
+    Begin / Begin Prepare messages. One pass."""
     is_begin = F.col("message_type").isin("begin", "begin_prepare")
     is_start = F.col("message_type") == "stream_start"
     boundary = F.col("message_type").isin(*_BOUNDARY)
@@ -86,6 +93,7 @@ def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> tup
     per_bucket = (
         bucketed.groupBy("_bucket")
         .agg(F.max(F.when(is_begin, F.col("seq"))).alias("begin_seq"),
+             F.count(F.when(is_begin, F.lit(1))).alias("begins"),
              F.max_by(F.when(is_start, F.col("stream_start.xid")),
                       F.when(is_start, F.col("seq"))).alias("stream_xid"),
              F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
@@ -108,15 +116,17 @@ def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> tup
         if row["s"] is not None:
             end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
     schema = "_bucket long, _carry_begin long, _carry_xid long"
-    return spark.createDataFrame(rows, schema), ScanState(end_begin, end_xid)
+    begins = sum(row["begins"] for row in per_bucket)
+    return spark.createDataFrame(rows, schema), ScanState(end_begin, end_xid), begins
 
 
 def scan(messages: DataFrame, start: ScanState = ScanState(), *,
-         rows_per_bucket: int = ROWS_PER_BUCKET) -> tuple[DataFrame, ScanState]:
-    """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc)."""
+         rows_per_bucket: int = ROWS_PER_BUCKET) -> tuple[DataFrame, ScanState, int]:
+    """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc); also the
+    state after the last message and the number of blocks (Begin / Begin Prepare) begun."""
     spark = messages.sparkSession
     bucketed = _bucketed(messages, rows_per_bucket)
-    carry, end = _carry_in(spark, bucketed, start)
+    carry, end, begins = _carry_in(spark, bucketed, start)
     window = Window.partitionBy("_bucket").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
     is_begin = F.col("message_type").isin("begin", "begin_prepare")
     is_start = F.col("message_type") == "stream_start"
@@ -134,7 +144,7 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *,
                                                  F.col("prepare.xid")))))
         .drop("_bucket", "_carry_begin", "_carry_xid")
     )
-    return scanned, end
+    return scanned, end, begins
 
 
 def _controls(scanned: DataFrame) -> list[Control]:
@@ -223,7 +233,7 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     """
     spark = decoded.sparkSession
     messages = decoded.where(F.col("error").isNull())
-    scanned, end = scan(messages, start, rows_per_bucket=rows_per_bucket)
+    scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket)
     if pending is not None:
         scanned = scanned.unionByName(pending.select(*scanned.columns))
     scanned = scanned.persist()
@@ -244,8 +254,9 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     streamed_origin = scanned.where((F.col("message_type") == "origin") & F.col("in_stream")).groupBy(
         F.col("top_xid").alias("s_xid")).agg(F.max_by("origin.name", "seq").alias("s_origin"))
 
+    # Pending rows add the few blocks still open at the end of the previous run.
     block_rows = scanned.where(F.col("block_seq").isNotNull()).join(
-        blocks, F.col("block_seq") == F.col("b_seq"), "left")
+        F.broadcast(blocks) if begins <= BROADCAST_BLOCKS else blocks, F.col("block_seq") == F.col("b_seq"), "left")
     block_rows = block_rows.join(
         F.broadcast(outcomes), F.col("block_seq") == F.col("o_block_seq"), "left")
     block_rows = block_rows.select(

@@ -4,10 +4,13 @@ Distributed in three steps, none of which brings changes to the driver:
 
 1. **Carry-forward scan.** Every message inside a Begin / Begin Prepare block
    gets the seq of that Begin (``block_seq``), and every message inside a stream
-   block gets the top-level xid of its Stream Start (``top_xid``). The capture
-   is cut into seq buckets; one aggregation gives, per bucket, its last Begin
-   and last Stream Start (one row per bucket reaches the driver); a window per
-   bucket fills forward, seeded with the state carried into each bucket.
+   block gets the top-level xid of its Stream Start (``top_xid``). The seqs of
+   the run's Begin and Stream Start messages (one per transaction or stream
+   segment) reach the driver and each message looks its own up by binary
+   search. Runs with more of them than `LOOKUP_LIMIT` are cut into seq buckets
+   instead; one aggregation gives, per bucket, its last Begin and last Stream
+   Start (one row per bucket reaches the driver); a window per bucket fills
+   forward, seeded with the state carried into each bucket.
 2. **Bookkeeping on the driver** (`pgoutput_spark.assemble.transactions`) of
    streamed and prepared transactions from their control messages only.
 3. **Joins** of changes with their block (plain Begin .. Commit) or with the
@@ -19,8 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession, Window
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.functions import pandas_udf
 from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
@@ -37,7 +43,12 @@ IN_BLOCK_TYPES = ("begin", "begin_prepare", "commit", "prepare", "origin", "rela
 #: and all). A block row is about 100 bytes.
 BROADCAST_BLOCKS = 1_000_000
 
-#: Messages per bucket of the carry-forward scan. Each bucket's window is one sort in one
+#: Begin and Stream Start messages up to which a run's scan looks each message's block and
+#: stream up in arrays of their seqs (8 bytes each, broadcast) instead of a window: the window
+#: shuffles every message of the run, nested change rows and all (1.5 GB for a million).
+LOOKUP_LIMIT = 5_000_000
+
+#: Messages per bucket of the carry-forward scan (runs above `LOOKUP_LIMIT`). Each bucket's window is one sort in one
 #: task, so buckets must be small enough for every core to get some: a million-message run
 #: in one bucket spent 23 s in the driver-side assembly steps, in buckets of 100,000 13.6 s
 #: (benchmarks/apply.py); the driver gets one row per bucket.
@@ -67,84 +78,149 @@ class Assembled:
         self.scanned.unpersist()
 
 
-def _bucketed(messages: DataFrame, rows_per_bucket: int) -> DataFrame:
-    stats = messages.agg(F.min("seq").alias("lo"), F.max("seq").alias("hi"),
-                         F.count(F.lit(1)).alias("n")).first()
-    assert stats is not None
-    lo, hi, n = stats["lo"] or 0, stats["hi"] or 0, stats["n"]
-    buckets = max(1, -(-n // rows_per_bucket))
-    width = max(1, -(-(hi - lo + 1) // buckets))
-    return messages.withColumn("_bucket", ((F.col("seq") - F.lit(lo)) / F.lit(width)).cast("long"))
+@dataclass(frozen=True)
+class _Summary:
+    """One pass over a run's messages: what the scan needs to choose and seed itself."""
+
+    lo: int
+    hi: int
+    n: int
+    boundaries: int  # Begin / Begin Prepare and Stream Start messages
+    begins: int  # Begin / Begin Prepare messages
+    end: ScanState
 
 
 _BOUNDARY = ("begin", "begin_prepare", "commit", "prepare")
 _STREAM_EDGES = ("stream_start", "stream_stop")
 
 
-def _carry_in(spark: SparkSession, bucketed: DataFrame,
-              start: ScanState) -> tuple[DataFrame, ScanState, int]:
-    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets; the
-    block / stream still open after the last message (for the next run); and the number of
-    Begin / Begin Prepare messages. One pass."""
-    is_begin = F.col("message_type").isin("begin", "begin_prepare")
-    is_start = F.col("message_type") == "stream_start"
+def _is_begin() -> Column:
+    return F.col("message_type").isin("begin", "begin_prepare")
+
+
+def _is_start() -> Column:
+    return F.col("message_type") == "stream_start"
+
+
+def _summary(messages: DataFrame, start: ScanState) -> _Summary:
     boundary = F.col("message_type").isin(*_BOUNDARY)
     stream = F.col("message_type").isin(*_STREAM_EDGES)
+    row = messages.agg(
+        F.min("seq").alias("lo"), F.max("seq").alias("hi"), F.count(F.lit(1)).alias("n"),
+        F.count(F.when(_is_begin(), F.lit(1))).alias("begins"),
+        F.count(F.when(_is_start(), F.lit(1))).alias("starts"),
+        F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
+        F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
+                 F.when(stream, F.col("seq"))).alias("s"),
+    ).first()
+    assert row is not None
+    end_begin, end_xid = start.last_begin_seq, start.last_stream_xid
+    if row["b"] is not None:  # the last boundary decides whether a block is open
+        end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None
+    if row["s"] is not None:
+        end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
+    return _Summary(row["lo"] or 0, row["hi"] or 0, row["n"], row["begins"] + row["starts"], row["begins"],
+                    ScanState(end_begin, end_xid))
+
+
+def _bucketed(messages: DataFrame, summary: _Summary, rows_per_bucket: int) -> DataFrame:
+    buckets = max(1, -(-summary.n // rows_per_bucket))
+    width = max(1, -(-(summary.hi - summary.lo + 1) // buckets))
+    return messages.withColumn("_bucket", ((F.col("seq") - F.lit(summary.lo)) / F.lit(width)).cast("long"))
+
+
+def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> DataFrame:
+    """Per bucket: the last Begin seq and last Stream Start xid of all earlier buckets. One pass."""
     per_bucket = (
         bucketed.groupBy("_bucket")
-        .agg(F.max(F.when(is_begin, F.col("seq"))).alias("begin_seq"),
-             F.count(F.when(is_begin, F.lit(1))).alias("begins"),
-             F.max_by(F.when(is_start, F.col("stream_start.xid")),
-                      F.when(is_start, F.col("seq"))).alias("stream_xid"),
-             F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
-             F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
-                      F.when(stream, F.col("seq"))).alias("s"))
+        .agg(F.max(F.when(_is_begin(), F.col("seq"))).alias("begin_seq"),
+             F.max_by(F.when(_is_start(), F.col("stream_start.xid")),
+                      F.when(_is_start(), F.col("seq"))).alias("stream_xid"))
         .orderBy("_bucket")
         .collect()
     )
     rows = []
     begin, xid = start.last_begin_seq, start.last_stream_xid
-    end_begin, end_xid = start.last_begin_seq, start.last_stream_xid
     for row in per_bucket:  # one row per bucket (ROWS_PER_BUCKET messages each)
         rows.append((row["_bucket"], begin, xid))
         if row["begin_seq"] is not None:
             begin = row["begin_seq"]
         if row["stream_xid"] is not None:
             xid = row["stream_xid"]
-        if row["b"] is not None:  # the last boundary decides whether a block is open
-            end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None
-        if row["s"] is not None:
-            end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
-    schema = "_bucket long, _carry_begin long, _carry_xid long"
-    begins = sum(row["begins"] for row in per_bucket)
-    return spark.createDataFrame(rows, schema), ScanState(end_begin, end_xid), begins
+    return spark.createDataFrame(rows, "_bucket long, _carry_begin long, _carry_xid long")
 
 
-def scan(messages: DataFrame, start: ScanState = ScanState(), *,
-         rows_per_bucket: int = ROWS_PER_BUCKET) -> tuple[DataFrame, ScanState, int]:
-    """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc); also the
-    state after the last message and the number of blocks (Begin / Begin Prepare) begun."""
-    spark = messages.sparkSession
-    bucketed = _bucketed(messages, rows_per_bucket)
-    carry, end, begins = _carry_in(spark, bucketed, start)
+def _by_window(messages: DataFrame, start: ScanState, summary: _Summary,
+               rows_per_bucket: int) -> tuple[Column, Column, DataFrame]:
+    """The last Begin seq and Stream Start xid at each message, by a window per seq bucket."""
+    bucketed = _bucketed(messages, summary, rows_per_bucket)
+    carry = _carry_in(messages.sparkSession, bucketed, start)
     window = Window.partitionBy("_bucket").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
-    is_begin = F.col("message_type").isin("begin", "begin_prepare")
-    is_start = F.col("message_type") == "stream_start"
-    local_begin = F.last(F.when(is_begin, F.col("seq")), ignorenulls=True).over(window)
-    local_xid = F.last(F.when(is_start, F.col("stream_start.xid")), ignorenulls=True).over(window)
+    local_begin = F.last(F.when(_is_begin(), F.col("seq")), ignorenulls=True).over(window)
+    local_xid = F.last(F.when(_is_start(), F.col("stream_start.xid")), ignorenulls=True).over(window)
+    return (F.coalesce(local_begin, F.col("_carry_begin")), F.coalesce(local_xid, F.col("_carry_xid")),
+            bucketed.join(F.broadcast(carry), "_bucket", "left"))
+
+
+def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, DataFrame]:
+    """The last Begin seq and Stream Start xid at each message, by a binary search of the run's
+    Begin and Stream Start seqs (collected to the driver and broadcast). No shuffle: only the
+    seq column goes through a Python worker."""
+    found = messages.where(_is_begin() | _is_start()).select(
+        "seq", _is_start().alias("is_start"), F.col("stream_start.xid").alias("xid")).toArrow()
+    seq = found.column("seq").to_numpy()
+    is_start = found.column("is_start").to_numpy(zero_copy_only=False).astype(bool)
+    xid = found.column("xid").to_numpy(zero_copy_only=False)
+    begins = np.sort(seq[~is_start])
+    order = np.argsort(seq[is_start], kind="stable")
+    starts, start_xids = seq[is_start][order], xid[is_start][order].astype(np.int64)
+    shared = messages.sparkSession.sparkContext.broadcast(
+        (begins, starts, start_xids, start.last_begin_seq, start.last_stream_xid))
+
+    def last_at(at: pd.Series, keys: np.ndarray, values: np.ndarray, carry: int | None) -> pd.Series:
+        i = np.searchsorted(keys, at.to_numpy(), side="right") - 1
+        out = pd.array(values[np.maximum(i, 0)] if keys.size else np.zeros(len(at), np.int64), dtype="Int64")
+        out[i < 0] = pd.NA if carry is None else carry
+        return pd.Series(out, index=at.index)
+
+    @pandas_udf("long")  # type: ignore[call-overload]
+    def last_begin(at: pd.Series) -> pd.Series:
+        begins, _, _, carry, _ = shared.value
+        return last_at(at, begins, begins, carry)
+
+    @pandas_udf("long")  # type: ignore[call-overload]
+    def last_start_xid(at: pd.Series) -> pd.Series:
+        _, starts, xids, _, carry = shared.value
+        return last_at(at, starts, xids, carry)
+
+    return last_begin(F.col("seq")), last_start_xid(F.col("seq")), messages
+
+
+def scan(messages: DataFrame, start: ScanState = ScanState(), *, rows_per_bucket: int = ROWS_PER_BUCKET,
+         lookup_limit: int = LOOKUP_LIMIT) -> tuple[DataFrame, ScanState, int]:
+    """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc); also the
+    state after the last message and the number of blocks (Begin / Begin Prepare) begun.
+
+    Runs with up to ``lookup_limit`` Begin and Stream Start messages find each message's
+    last ones by a lookup; larger runs by a window per seq bucket (``rows_per_bucket``).
+    """
+    summary = _summary(messages, start)
+    if summary.boundaries <= lookup_limit:
+        begin, xid, rows = _by_lookup(messages, start)
+    else:
+        begin, xid, rows = _by_window(messages, start, summary, rows_per_bucket)
     in_block = ~F.col("in_stream") & F.col("message_type").isin(*IN_BLOCK_TYPES) & ~(
         (F.col("message_type") == "message") & ~F.col("message.transactional"))
     scanned = (
-        bucketed.join(F.broadcast(carry), "_bucket", "left")
-        .withColumn("block_seq", F.when(in_block, F.coalesce(local_begin, F.col("_carry_begin"))))
-        .withColumn("top_xid", F.when(F.col("in_stream"), F.coalesce(local_xid, F.col("_carry_xid")))
+        rows.withColumn("block_seq", F.when(in_block, begin))
+        .withColumn("top_xid", F.when(F.col("in_stream"), xid)
                     .otherwise(F.coalesce(F.col("stream_start.xid"), F.col("stream_commit.xid"),
                                           F.col("stream_abort.xid"),
                                           F.when(F.col("message_type") == "stream_prepare",
                                                  F.col("prepare.xid")))))
         .drop("_bucket", "_carry_begin", "_carry_xid")
     )
-    return scanned, end, begins
+    return scanned, summary.end, summary.begins
 
 
 def _controls(scanned: DataFrame) -> list[Control]:
@@ -223,7 +299,8 @@ def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame
 def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
              pending: DataFrame | None = None,
              skip_origins: tuple[str, ...] = (),
-             rows_per_bucket: int = ROWS_PER_BUCKET) -> Assembled:
+             rows_per_bucket: int = ROWS_PER_BUCKET,
+             lookup_limit: int = LOOKUP_LIMIT) -> Assembled:
     """Attach commit positions to the changes of a decoded capture (good rows only).
 
     ``pending`` are the ``open_rows`` of the previous run (already scanned) and
@@ -233,7 +310,7 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     """
     spark = decoded.sparkSession
     messages = decoded.where(F.col("error").isNull())
-    scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket)
+    scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit)
     if pending is not None:
         scanned = scanned.unionByName(pending.select(*scanned.columns))
     scanned = scanned.persist()

@@ -65,10 +65,18 @@ def _committed_in_order(assembled):
     return assembled.committed.orderBy("commit_seq", "seq").collect()
 
 
-def test_committed_changes_equal_test_decoding(spark, captured):
+#: The two ways a scan finds each message's block and stream: a lookup in the run's Begin and
+#: Stream Start seqs (runs up to LOOKUP_LIMIT of them), or a window per seq bucket (larger runs;
+#: small buckets here, so that carries cross them).
+SCANS = pytest.mark.parametrize("scan", [{}, {"lookup_limit": 0, "rows_per_bucket": 50}],
+                                ids=["lookup", "window"])
+
+
+@SCANS
+def test_committed_changes_equal_test_decoding(spark, captured, scan):
     messages, oracle = captured
     decoded = decode(_frame(spark, messages))
-    assembled = assemble(decoded, rows_per_bucket=200)  # many buckets: carries cross them
+    assembled = assemble(decoded, **scan)
     rows = decoded.orderBy("seq").collect()
     ours = _as_oracle(spark, rows, _committed_in_order(assembled))
     assert ours == _oracle(oracle)
@@ -82,7 +90,8 @@ def test_committed_changes_equal_test_decoding(spark, captured):
         ("nt", b"not transactional", False), ("tx", b"transactional", True)]
 
 
-def test_runs_cut_anywhere_carry_open_transactions(spark, captured):
+@SCANS
+def test_runs_cut_anywhere_carry_open_transactions(spark, captured, scan):
     # Cuts inside stream blocks, between Prepare and Commit Prepared, mid-block.
     cuts = [5, 40, 300, 301, 700, 1200]
     messages, oracle = captured
@@ -94,7 +103,7 @@ def test_runs_cut_anywhere_carry_open_transactions(spark, captured):
         part = _frame(spark, messages[lo:hi])
         decoded = decode(part, initially_in_stream=state.last_stream_xid is not None)
         decoded_all += decoded.collect()
-        assembled = assemble(decoded, state, pending=pending, rows_per_bucket=50)
+        assembled = assemble(decoded, state, pending=pending, **scan)
         committed += assembled.committed.collect()
         state = assembled.end_state
         pending = spark.createDataFrame(assembled.open_rows.collect(), assembled.open_rows.schema)
@@ -105,14 +114,26 @@ def test_runs_cut_anywhere_carry_open_transactions(spark, captured):
     assert len({r["seq"] for r in committed}) == len(committed)
 
 
-def test_committed_rows_carry_commit_metadata(spark, captured):
+@SCANS
+def test_committed_rows_carry_commit_metadata(spark, captured, scan):
     messages, _ = captured
-    committed = assemble(decode(_frame(spark, messages))).committed
+    decoded = decode(_frame(spark, messages))
+    committed = assemble(decoded, **scan).committed
     missing = committed.where(F.col("commit_lsn").isNull() | F.col("commit_ts").isNull()
                               | F.col("txn_xid").isNull() | F.col("commit_seq").isNull())
     assert missing.count() == 0
     # Changes take effect at or after their own position, never before.
     assert committed.where(F.col("commit_seq") < F.col("seq")).count() == 0
+    # Each change has the xid PostgreSQL sent in its Begin / Begin Prepare (or its Stream Start).
+    xid, expected = None, {}
+    for r in decoded.orderBy("seq").collect():
+        kind = r["message_type"]
+        if kind in ("begin", "begin_prepare", "stream_start"):
+            xid = (r["begin"]["xid"] if kind == "begin" else r["prepare"]["xid"] if kind == "begin_prepare"
+                   else r["stream_start"]["xid"])
+        expected[r["seq"]] = xid
+    assert {r["seq"]: r["txn_xid"] for r in committed.collect()} == {
+        r["seq"]: expected[r["seq"]] for r in committed.collect()}
 
 
 @pytest.mark.parametrize("protocol", [1, 2])

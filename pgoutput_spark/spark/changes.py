@@ -17,8 +17,9 @@ from ..assemble.typed import change_schema, typed_changes
 #: committed changes of a run are spread over every shuffle partition of its assembly.
 ROWS_PER_TASK = 100_000
 
-_NEEDED = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
-           "txn_xid", "txn_origin"]
+#: The columns of the assembled committed rows that the per-table frames read.
+CHANGE_ROW_COLUMNS = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
+                      "txn_xid", "txn_origin"]
 
 
 def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
@@ -27,7 +28,7 @@ def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
     return committed.where(
         (~is_truncate & (F.col("change.relation_id") == relation_id))
         | (is_truncate & F.array_contains(F.col("truncate.relation_ids"), relation_id))
-    ).select(*_NEEDED)
+    ).select(*CHANGE_ROW_COLUMNS)
 
 
 def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,

@@ -48,10 +48,10 @@ BROADCAST_BLOCKS = 1_000_000
 #: shuffles every message of the run, nested change rows and all (1.5 GB for a million).
 LOOKUP_LIMIT = 5_000_000
 
-#: Messages per bucket of the carry-forward scan (runs above `LOOKUP_LIMIT`). Each bucket's window is one sort in one
-#: task, so buckets must be small enough for every core to get some: a million-message run
-#: in one bucket spent 23 s in the driver-side assembly steps, in buckets of 100,000 13.6 s
-#: (benchmarks/apply.py); the driver gets one row per bucket.
+#: Messages per bucket of the windowed carry-forward scan (runs above `LOOKUP_LIMIT`). Each
+#: bucket's window is one sort in one task, so buckets must be small enough for every core to
+#: get some: a million-message run in one bucket spent 23 s in the driver-side assembly steps,
+#: in buckets of 100,000 13.6 s (benchmarks/apply.py); the driver gets one row per bucket.
 ROWS_PER_BUCKET = 100_000
 
 

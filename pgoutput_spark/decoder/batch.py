@@ -16,6 +16,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import DecodeError
 from . import arrow as ab
@@ -331,6 +332,61 @@ def _fixed(cur: Cursor, kind: MessageType) -> pa.StructArray | None:
     return values.struct(sc.FAMILIES[FAMILY_OF[kind]])
 
 
+HEAD_COLUMNS = [f.name for f in sc.HEAD]
+
+
+def _without_tuples(change: pa.StructArray) -> pa.StructArray:
+    """``change`` with its tuples NULL (`decode_batch`'s ``tuples=False``)."""
+    n = len(change)
+    return pa.StructArray.from_arrays(
+        [change.field("relation_id"), change.field("old_kind"), pa.nulls(n, sc.TUPLE), pa.nulls(n, sc.TUPLE)],
+        fields=list(sc.CHANGE), mask=ab.mask_array(np.asarray(change.is_valid())))
+
+
+_CHANGE_TYPES = pa.array([MessageType.INSERT.column_name, MessageType.UPDATE.column_name,
+                          MessageType.DELETE.column_name])
+
+
+def restore_tuples(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Decode the deferred tuples of ``batch`` (rows of `decode_batch` with ``tuples=False``).
+
+    ``batch`` needs ``seq``, ``message_type``, ``in_stream`` and ``raw``
+    (``lsn``, ``error`` and ``change`` if present). Good change rows with
+    ``raw`` get their ``change`` decoded from it; other rows (those decoded
+    with their tuples, truncates, failed messages) keep theirs, or NULL
+    without a ``change`` column, which is then added. ``raw`` is left as it is.
+    """
+    names = batch.schema.names
+    raw = batch.column("raw")
+    if raw.null_count == len(raw) and "change" in names:
+        return batch
+    n = batch.num_rows
+    is_change = pc.fill_null(pc.is_in(batch.column("message_type"), _CHANGE_TYPES), False)
+    deferred = np.asarray(pc.and_(is_change, raw.is_valid()))
+    if "error" in names:  # a failed message keeps its bytes in `raw` too
+        deferred &= np.asarray(batch.column("error").is_null())
+    rows = np.flatnonzero(deferred)
+    seq = batch.column("seq").to_numpy(zero_copy_only=False)[rows]
+    lsn = (batch.column("lsn").fill_null(0).to_numpy(zero_copy_only=False)[rows] if "lsn" in names
+           else np.zeros(rows.size, np.int64))
+    picked = raw.take(pa.array(rows)) if rows.size < n else raw
+    decoded = decode_batch(picked, in_stream=batch.column("in_stream").to_numpy(zero_copy_only=False)[rows],
+                           seq=seq, lsn=lsn, framing="none")
+    if decoded.error_rows.size:  # the bytes were checked by the decode that deferred them
+        raise decoded.error(int(decoded.error_rows[0]))
+    change = decoded.batch.column("change")
+    if rows.size < n:
+        kept = np.flatnonzero(~deferred)
+        parts = [(rows, change)]
+        if "change" in names:
+            parts.append((kept, batch.column("change").take(pa.array(kept)).cast(sc.CHANGE)))
+        change = ab.take_into(n, parts, sc.CHANGE)
+    if "change" not in names:
+        return batch.append_column("change", change)
+    at = names.index("change")
+    return batch.set_column(at, batch.schema.field(at).with_type(change.type), change)
+
+
 def decode_batch(
     data: pa.Array,
     *,
@@ -340,6 +396,7 @@ def decode_batch(
     xid: pa.Array | None = None,
     framing: Framing = "auto",
     engine: Engine | None = None,
+    tuples: bool = True,
 ) -> DecodedBatch:
     """Decode every message of ``data`` (an Arrow binary array).
 
@@ -348,6 +405,11 @@ def decode_batch(
     their ``error`` and their ``raw`` bytes; see `DecodedBatch.error`.
     ``engine`` picks the walk of Insert / Update / Delete (default: `kernel.engine`):
     ``"numba"``, compiled, or ``"numpy"``; both give the same result.
+    ``tuples=False`` defers the TupleData of Insert / Update / Delete: they are
+    still read and checked, but their ``change`` keeps only ``relation_id`` and
+    ``old_kind`` (tuples NULL) and ``raw`` holds the message (past any XLogData
+    frame) for `restore_tuples`. A tuple is about 40 values where the
+    message is one: far cheaper for Spark to cache and to shuffle.
     """
     if isinstance(data, pa.ChunkedArray):
         data = data.combine_chunks()
@@ -443,5 +505,10 @@ def decode_batch(
     else:
         columns.append(pa.nulls(n, type=pa.string()))
     raw = [(error_rows, data.filter(pa.array(bad)))] if error_rows.size else []
+    if not tuples and change.null_count < n:
+        deferred = np.asarray(change.is_valid())
+        rows = np.flatnonzero(deferred)
+        raw.append((rows, reader.gather(starts[rows], ends[rows] - starts[rows], np.ones(rows.size, bool))))
+        columns[len(HEAD_COLUMNS) + list(sc.FAMILIES).index("change")] = _without_tuples(change)
     columns.append(ab.take_into(n, raw, pa.binary()))
     return DecodedBatch(pa.RecordBatch.from_arrays(columns, schema=sc.DECODED_SCHEMA), reader, seq, lsn)

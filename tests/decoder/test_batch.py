@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark import decode_message
-from pgoutput_spark.decoder.batch import decode_batch
+from pgoutput_spark.decoder.batch import decode_batch, restore_tuples
 from pgoutput_spark.decoder.messages import message_from_row
 from pgoutput_spark.decoder.schema import DECODED_SCHEMA
 from pgoutput_spark.errors import DecodeError
@@ -51,6 +51,48 @@ def test_batch_equals_single_messages_mixed_with_errors(binary_type):
         else:
             assert row["error"] is None and row["raw"] is None
             assert message_from_row(row) == expected, i
+
+
+@pytest.mark.parametrize("engine", ["numba", "numpy"])
+def test_deferred_tuples_restore_to_the_direct_decode(engine):
+    good = b.every_message()
+    rows = []  # broken copies between good rows; every message also framed in XLogData
+    for i, (data, in_stream) in enumerate(good):
+        rows += [(data, in_stream), (data[: len(data) // 2], in_stream),
+                 (b.xlogdata(0x100 * i, 0, 0, data), in_stream)]
+    data = pa.array([r[0] for r in rows])
+    args = dict(in_stream=np.array([r[1] for r in rows]), seq=np.arange(len(rows)) + 100,
+                lsn=np.arange(len(rows)) * 8, engine=engine)
+    direct = decode_batch(data, **args).batch
+    deferred = decode_batch(data, tuples=False, **args).batch
+    assert deferred.schema == direct.schema
+    change = deferred.column("change")
+    assert change.field("old_tuple").null_count == change.field("new_tuple").null_count == len(rows)
+    assert change.field("relation_id").equals(direct.column("change").field("relation_id"))
+    is_change = np.isin(direct.column("message_type").to_numpy(zero_copy_only=False),
+                        ["insert", "update", "delete"]) & np.asarray(direct.column("error").is_null())
+    assert np.array_equal(np.asarray(deferred.column("raw").is_valid()),
+                          is_change | np.asarray(direct.column("error").is_valid()))
+    # Everything but the change tuples and `raw` of good changes is as decoded directly.
+    for name in direct.schema.names:
+        if name not in ("change", "raw"):
+            assert deferred.column(name).equals(direct.column(name)), name
+    restored = restore_tuples(deferred)
+    assert restored.column("change").equals(direct.column("change"))
+    # Rows decoded with their tuples (a previous version's saved rows) keep them.
+    mixed = pa.concat_tables([pa.Table.from_batches([direct]), pa.Table.from_batches([deferred])])
+    mixed = mixed.combine_chunks().to_batches()[0]
+    assert restore_tuples(mixed).column("change").to_pylist() == direct.column("change").to_pylist() * 2
+
+
+def test_restore_tuples_reports_bad_bytes_with_their_position():
+    deferred = decode_batch(pa.array([b.insert(16384, b.tuple_data(("t", b"1")))]), tuples=False,
+                            in_stream=np.zeros(1, bool), seq=np.array([7]), lsn=np.array([64])).batch
+    raw = deferred.column("raw").to_pylist()[0]
+    broken = deferred.set_column(deferred.schema.names.index("raw"), "raw", pa.array([raw[:-1]]))
+    with pytest.raises(DecodeError) as info:
+        restore_tuples(broken)
+    assert (info.value.seq, info.value.lsn, info.value.field) == (7, 64, "Insert.new_tuple[0].value")
 
 
 def test_sliced_arrow_array_is_honoured():

@@ -72,7 +72,7 @@ from .mirroring.delta import (
     table_spec,
 )
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
-from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
+from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
 
@@ -340,7 +340,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
-    decoded = decode(window, on_error=on_error,
+    # Tuples deferred to the table tasks: the run caches and moves one binary per change.
+    decoded = decode(window, on_error=on_error, tuples=False,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
     # Source column names may differ only in case ("id", "Id"): resolve names exactly while
     # this run builds and merges its frames (the child sessions copy the setting).
@@ -390,7 +391,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
         history.add(versions_from_rows(new_meta))
     with _step("assemble transactions"):
-        assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
+        pending = ledger.pending(lo)
+        tuples = carries_tuples(pending)
+        assembled = assemble(decoded, lease.scan, pending=pending, skip_origins=skip_origins)
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
@@ -458,7 +461,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
                                              n_changes[oid], to_lsn, metadata, redone,
-                                             _spec(history, oid, plan, tables), past))
+                                             _spec(history, oid, plan, tables), past, tuples))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out
@@ -574,9 +577,10 @@ class _Rebuild:
     def run(self, ledger: Ledger, hi: int, skip_origins: tuple[str, ...], history: RelationHistory,
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
         """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
-        everything = decode(self.capture.where(F.col("seq") <= hi), on_error=self.on_error).persist()
+        everything = decode(self.capture.where(F.col("seq") <= hi), on_error=self.on_error,
+                            tuples=False).persist()
         assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
-        committed = assembled.committed.persist()
+        committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []
         try:
             to_lsn = committed.agg(F.max("commit_lsn")).first()[0]
@@ -585,7 +589,7 @@ class _Rebuild:
                 name = f"{latest.namespace}.{latest.name}"
                 spec = _spec(history, oid, plan, tables)
                 arrow_schema = change_schema(plan.columns)
-                net = converted_net_frame(relation_rows(committed, oid),
+                net = converted_net_frame(relation_rows(committed, oid, tuples=False),
                                           converter(ledger.spark, oid, history, arrow_schema), spec, arrow_schema)
                 rows = net.where(F.col("_action").isin("upsert", "insert")).select(
                     *[F.col(quote(c)) for c in spec.columns]).persist()
@@ -672,13 +676,14 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int,
                   metadata: dict[str, Any], redone: bool, spec: TableSpec,
-                  past: SchemaPlan | None = None) -> TableResult:
+                  past: SchemaPlan | None = None, tuples: bool = False) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate);
     ``n_changes``: its number of change rows.
     ``past``: the plan of the table's history table, if it has one: written first (a redone
     run then finds the mirror as the history's versions left it).
+    ``tuples``: some change rows carry their tuples in ``change`` (see `relation_rows`).
     """
     latest = history.latest(oid)
     name = f"{latest.namespace}.{latest.name}"
@@ -699,7 +704,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Nothing to look up and no history: convert and net in one task (see `converted_net_frame`).
     fused = not looks_up and past is None
     typed = None if fused else typed_change_frame(  # read more than once
-        committed, oid, history, columns=plan.columns, rows=n_changes).persist()
+        committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
         versions = None
         if not history_done:
@@ -710,7 +715,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         if fused:
-            net = converted_net_frame(relation_rows(committed, oid),
+            net = converted_net_frame(relation_rows(committed, oid, tuples=tuples),
                                       converter(session, oid, history, arrow_schema), spec, arrow_schema).persist()
         else:
             assert typed is not None

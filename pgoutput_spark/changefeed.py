@@ -31,7 +31,7 @@ from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
 from .mirroring.delta import absolute_path
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
-from .spark.changes import typed_change_frame
+from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
@@ -131,7 +131,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
-    decoded = decode(window, on_error=on_error,
+    decoded = decode(window, on_error=on_error, tuples=False,  # decoded in the table tasks
                      initially_in_stream=scan_in.last_stream_xid is not None).persist()
     say = progress or (lambda line: None)
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
@@ -151,8 +151,9 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     if new_meta:
         _append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
     pending = state.pending(lo)
+    tuples = carries_tuples(pending)
     assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)
-    committed = assembled.committed.persist()
+    committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}
     try:
         # One row per (change, relation it touches): a truncate touches each of its relations.
@@ -167,7 +168,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                 seq = first[0] if first is not None and first[0] is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
             latest = history.latest(relation_id)
-            frame = typed_change_frame(committed, relation_id, history, rows=per_relation[relation_id])
+            frame = typed_change_frame(committed, relation_id, history, rows=per_relation[relation_id],
+                                       tuples=tuples)
             path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"
             _append(frame, path, f"{state.pipeline}:changes:{relation_id}", hi)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..convert import convert, text_type
+from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
 from .relations import RelationHistory, RelationVersion
 
@@ -114,9 +115,12 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     """Typed change rows of ``relation_id`` from committed change rows.
 
     ``batch`` holds assembled rows (``seq``, ``message_type``, ``change``,
-    ``truncate``, ``commit_seq``, ``commit_lsn``, ``commit_ts``, ``txn_xid``,
-    ``txn_origin``) of this relation only.
+    ``commit_seq``, ``commit_lsn``, ``commit_ts``, ``txn_xid``, ``txn_origin``)
+    of this relation only. With ``raw`` (and ``in_stream``), the tuples `decode`
+    deferred are decoded here (`restore_tuples`) and ``change`` may be left out.
     """
+    if "raw" in batch.schema.names:
+        batch = restore_tuples(batch)
     n = batch.num_rows
     seq = batch.column("seq").to_numpy()
     op = batch.column("message_type")

@@ -17,29 +17,52 @@ from ..assemble.typed import change_schema, typed_changes
 #: committed changes of a run are spread over every shuffle partition of its assembly.
 ROWS_PER_TASK = 100_000
 
-#: The columns of the assembled committed rows that the per-table frames read.
-CHANGE_ROW_COLUMNS = ["seq", "message_type", "change", "truncate", "commit_seq", "commit_lsn", "commit_ts",
-                      "txn_xid", "txn_origin"]
+#: The columns of the assembled committed rows that the per-table frames read (``lsn``,
+#: ``in_stream`` and ``raw`` for the tuples that `decode` deferred).
+CHANGE_ROW_COLUMNS = ["seq", "lsn", "message_type", "in_stream", "change", "truncate", "raw", "commit_seq",
+                      "commit_lsn", "commit_ts", "txn_xid", "txn_origin"]
+
+#: What a conversion task receives of each change row: no NULL struct or array column (a
+#: truncate's, an insert's missing old tuple) reaches Arrow unless needed. Spark's Arrow writer
+#: spends about 9 microseconds on each NULL array: 4.5 s for the truncate column alone of
+#: half a million change rows, more than everything else they carry.
+TASK_COLUMNS = ["seq", "lsn", "message_type", "in_stream", "raw", "commit_seq", "commit_lsn", "commit_ts",
+                "txn_xid", "txn_origin"]
 
 
-def relation_rows(committed: DataFrame, relation_id: int) -> DataFrame:
-    """Committed changes of one relation, truncates included (one row per truncated table)."""
+def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True) -> DataFrame:
+    """Committed changes of one relation, truncates included (one row per truncated table).
+
+    ``tuples``: also pass the ``change`` column, needed unless every change's
+    tuples were deferred (`decode` with ``tuples=False``): then `typed_changes`
+    decodes them from ``raw``.
+    """
     is_truncate = F.col("message_type") == "truncate"
     return committed.where(
         (~is_truncate & (F.col("change.relation_id") == relation_id))
         | (is_truncate & F.array_contains(F.col("truncate.relation_ids"), relation_id))
-    ).select(*CHANGE_ROW_COLUMNS)
+    ).select(*TASK_COLUMNS, *(["change"] if tuples else []))
+
+
+def carries_tuples(pending: DataFrame | None) -> bool:
+    """Whether saved open-transaction rows hold decoded tuples (``change``) where `raw` is NULL.
+
+    Versions before the deferred tuples (`decode` with ``tuples=False``) saved them so; the
+    run that reads them back must pass ``change`` to its tasks (`relation_rows`' ``tuples``).
+    """
+    return pending is not None and pending.where(
+        F.col("message_type").isin("insert", "update", "delete") & F.col("raw").isNull()).limit(1).count() > 0
 
 
 def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,
                        columns: list[tuple[str, pa.DataType]] | None = None,
-                       rows: int | None = None) -> DataFrame:
+                       rows: int | None = None, tuples: bool = True) -> DataFrame:
     """The typed change rows of one relation (schema: `change_schema`).
 
     ``columns`` (name, Arrow type) default to `RelationHistory.table_columns`.
     ``rows``, the relation's number of change rows if known, sets the number of
     conversion tasks (`ROWS_PER_TASK` rows each; the partitions of ``committed``
-    are merged, not shuffled).
+    are merged, not shuffled). ``tuples``: as for `relation_rows`.
     """
     if columns is None:
         columns = history.table_columns(relation_id)  # type: ignore[assignment]
@@ -50,7 +73,7 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
         for batch in batches:
             yield convert(batch)
 
-    changes = relation_rows(committed, relation_id)
+    changes = relation_rows(committed, relation_id, tuples=tuples)
     if rows is not None:
         changes = changes.coalesce(max(1, -(-rows // ROWS_PER_TASK)))
     # Arrow timestamps without a zone are PostgreSQL `timestamp`: Spark's TIMESTAMP_NTZ.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -338,17 +339,96 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 def in_one_task(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
                 compute: Callable[[pa.Table], pa.Table]) -> DataFrame:
     """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task."""
+    # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
+    # hand it positional names and give the batches their real names back inside.
+    rows = (typed if pre is None else typed.unionByName(pre)).toDF(*_positional(arrow_schema).names)
+    rows, flags = arrays_without_nulls(rows)
+    schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=_positional(arrow_schema))
+        received = list(batches)  # the flags arrive NOT NULL: take the batches' own schema
+        table = pa.Table.from_batches(received) if received else schema.empty_table()
+        table = restore_null_arrays(table, flags)
         table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
         yield from compute(table).to_batches(max_chunksize=10_000)
 
-    # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
-    # hand it positional names and give the batches their real names back inside.
-    rows = (typed if pre is None else typed.unionByName(pre)).repartition(1).toDF(
-        *_positional(arrow_schema).names)
-    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+    return rows.repartition(1).mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+
+
+#: Names of `arrays_without_nulls`' flag columns: the column, and the field of a struct column.
+_FLAG = "__pgoutput_spark_null_{}"
+
+
+def arrays_without_nulls(frame: DataFrame) -> tuple[DataFrame, dict[str, tuple[str, str | None]]]:
+    """``frame`` with each NULL array (top level, or a field of a top-level struct) sent as an
+    empty one beside a boolean flag column; a struct with array fields is never NULL either.
+
+    Spark's Arrow writer (Spark 4.0, Arrow Java 18) spends time quadratic in a run of NULL
+    array values within an Arrow batch: a NULL ``array<bigint>`` for 500,000 rows costs 3.5 s
+    at 10,000 rows per batch, a tenth with none (`benchmarks/README.md`). Change rows have
+    such runs: the old row of every insert, an array column of every delete. Returns the frame
+    and its flags (flag column -> (column, field or None)) for `restore_null_arrays`.
+    """
+    columns, flags, extra = [], {}, []
+    for i, field in enumerate(frame.schema.fields):
+        column, t = F.col(f"`{field.name}`"), field.dataType
+        if isinstance(t, T.ArrayType):
+            flag = _FLAG.format(i)
+            flags[flag] = (field.name, None)
+            extra.append(column.isNull().alias(flag))
+            column = F.coalesce(column, F.array().cast(t))
+        elif isinstance(t, T.StructType) and any(isinstance(f.dataType, T.ArrayType) for f in t.fields):
+            flag = _FLAG.format(i)
+            flags[flag] = (field.name, None)
+            extra.append(column.isNull().alias(flag))
+            parts = []
+            for j, f in enumerate(t.fields):
+                value = column.getField(f.name)
+                if isinstance(f.dataType, T.ArrayType):
+                    inner = _FLAG.format(f"{i}_{j}")
+                    flags[inner] = (field.name, f.name)
+                    extra.append(value.isNull().alias(inner))
+                    value = F.coalesce(value, F.array().cast(f.dataType))
+                parts.append(value.alias(f.name))
+            column = F.struct(*parts)
+        columns.append(column.alias(field.name))
+    return (frame.select(*columns, *extra) if flags else frame), flags
+
+
+def _with_nulls(array: pa.Array, null: pa.Array) -> pa.Array:
+    """``array`` (a list or struct array) with NULL where ``null`` is true."""
+    if not pc.any(null).as_py():
+        return array
+    mask = pc.or_(null, array.is_null())
+    if isinstance(array, pa.ListArray):
+        return pa.ListArray.from_arrays(array.offsets, array.values, type=array.type, mask=mask)
+    return pa.StructArray.from_arrays(array.flatten(), fields=list(array.type), mask=mask)
+
+
+def restore_null_arrays(table: pa.Table, flags: dict[str, tuple[str, str | None]]) -> pa.Table:
+    """The inverse of `arrays_without_nulls` on the Arrow side: NULLs back, flag columns gone."""
+    if not flags:
+        return table
+
+    def whole(name: str) -> pa.Array:
+        column = table.column(name)
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+    columns = {name: whole(name) for name in {name for name, _ in flags.values()}}
+    for flag, (name, field) in flags.items():  # fields of a struct first, then the struct
+        if field is not None:
+            struct = columns[name]
+            at = struct.type.get_field_index(field)
+            children = struct.flatten()
+            children[at] = _with_nulls(children[at], whole(flag))
+            columns[name] = pa.StructArray.from_arrays(children, fields=list(struct.type))
+    for flag, (name, field) in flags.items():
+        if field is None:
+            columns[name] = _with_nulls(columns[name], whole(flag))
+    for name, array in columns.items():
+        at = table.schema.get_field_index(name)
+        table = table.set_column(at, table.schema.field(at), array)
+    return table.drop_columns(list(flags))
 
 
 def _positional(schema: pa.Schema) -> pa.Schema:

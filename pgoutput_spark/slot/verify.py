@@ -250,7 +250,7 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
-    from ..mirroring.delta import quote
+    from ..mirroring.delta import arrays_without_nulls, quote, restore_null_arrays
 
     if not _is_delta(spark, path):
         return None
@@ -260,16 +260,18 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     columns = [(F.col(quote(n)) if n in present else F.lit(None)).alias(f"c{i}")
                for i, (n, _, _) in enumerate(table.columns)]
     frame = frame.select(*columns)
+    safe, flags = arrays_without_nulls(frame)  # runs of NULL arrays are slow to reach Arrow
 
     def hashed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows, total = 0, 0
         for batch in batches:
             rows += batch.num_rows
-            total = (total + _mod_sum(row_hashes(batch))) % (1 << 64)
+            data = restore_null_arrays(pa.Table.from_batches([batch]), flags)
+            total = (total + _mod_sum(row_hashes(data))) % (1 << 64)
         yield pa.record_batch([pa.array([rows], pa.int64()), pa.array([str(total)], pa.string())],
                               names=["rows", "hash"])
 
-    parts = frame.mapInArrow(hashed, "rows long, hash string").collect()
+    parts = safe.mapInArrow(hashed, "rows long, hash string").collect()
     rows = sum(r["rows"] for r in parts)
     total = sum(int(r["hash"]) for r in parts) % (1 << 64)
     by_key: dict[str, list[int]] = {}

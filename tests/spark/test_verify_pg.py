@@ -26,7 +26,8 @@ CREATE TABLE bag (v text, n int);  -- no key: a multiset
 ALTER TABLE bag REPLICA IDENTITY FULL;
 INSERT INTO typed SELECT g, g / 7.0, g / 3.0, CASE WHEN g % 4 = 0 THEN '' ELSE 'row ' || g END,
     decode(md5(g::text), 'hex'), '2026-01-01 00:00+02'::timestamptz + g * interval '1 hour',
-    '2026-01-01'::timestamp + g * interval '1 minute', '2026-01-01'::date + g, ARRAY[g, NULL, -g],
+    '2026-01-01'::timestamp + g * interval '1 minute', '2026-01-01'::date + g,
+    CASE WHEN g % 5 = 0 THEN NULL WHEN g % 7 = 0 THEN '{}' ELSE ARRAY[g, NULL, -g] END,
     jsonb_build_object('g', g), g * interval '1 day 2 seconds', g % 2 = 0, md5(g::text)::uuid,
     CASE WHEN g = 1 THEN repeat('toast me ', 5000) END
   FROM generate_series(1, 300) g;

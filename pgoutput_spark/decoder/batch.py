@@ -332,7 +332,8 @@ def _fixed(cur: Cursor, kind: MessageType) -> pa.StructArray | None:
     return values.struct(sc.FAMILIES[FAMILY_OF[kind]])
 
 
-HEAD_COLUMNS = [f.name for f in sc.HEAD]
+#: Where the ``change`` column sits in a decoded batch.
+_CHANGE_AT = len(sc.HEAD) + list(sc.FAMILIES).index("change")
 
 
 def _without_tuples(change: pa.StructArray) -> pa.StructArray:
@@ -506,9 +507,8 @@ def decode_batch(
         columns.append(pa.nulls(n, type=pa.string()))
     raw = [(error_rows, data.filter(pa.array(bad)))] if error_rows.size else []
     if not tuples and change.null_count < n:
-        deferred = np.asarray(change.is_valid())
-        rows = np.flatnonzero(deferred)
+        rows = np.flatnonzero(np.asarray(change.is_valid()) & ~bad)
         raw.append((rows, reader.gather(starts[rows], ends[rows] - starts[rows], np.ones(rows.size, bool))))
-        columns[len(HEAD_COLUMNS) + list(sc.FAMILIES).index("change")] = _without_tuples(change)
+        columns[_CHANGE_AT] = _without_tuples(change)
     columns.append(ab.take_into(n, raw, pa.binary()))
     return DecodedBatch(pa.RecordBatch.from_arrays(columns, schema=sc.DECODED_SCHEMA), reader, seq, lsn)

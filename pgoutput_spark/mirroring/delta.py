@@ -365,9 +365,10 @@ def arrays_without_nulls(frame: DataFrame) -> tuple[DataFrame, dict[str, tuple[s
 
     Spark's Arrow writer (Spark 4.0, Arrow Java 18) spends time quadratic in a run of NULL
     array values within an Arrow batch: a NULL ``array<bigint>`` for 500,000 rows costs 3.5 s
-    at 10,000 rows per batch, a tenth with none (`benchmarks/README.md`). Change rows have
-    such runs: the old row of every insert, an array column of every delete. Returns the frame
-    and its flags (flag column -> (column, field or None)) for `restore_null_arrays`.
+    at 10,000 rows per batch, 0.2 s if every other one is NULL (`benchmarks/README.md`).
+    Change rows have such runs: the old row of every insert, an array column of every
+    delete. Returns the frame and its flags (flag column -> (column, field or None)) for
+    `restore_null_arrays`.
     """
     columns, flags, extra = [], {}, []
     for i, field in enumerate(frame.schema.fields):
@@ -400,8 +401,8 @@ def _with_nulls(array: pa.Array, null: pa.Array) -> pa.Array:
     if not pc.any(null).as_py():
         return array
     mask = pc.or_(null, array.is_null())
-    if isinstance(array, pa.ListArray):
-        return pa.ListArray.from_arrays(array.offsets, array.values, type=array.type, mask=mask)
+    if isinstance(array, (pa.ListArray, pa.LargeListArray)):
+        return type(array).from_arrays(array.offsets, array.values, type=array.type, mask=mask)
     return pa.StructArray.from_arrays(array.flatten(), fields=list(array.type), mask=mask)
 
 

@@ -55,49 +55,72 @@ def change_schema(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
                       *[pa.field(name, type_) for name, type_ in columns]])
 
 
-def _tuple_column(tuples: pa.ListArray, rows: np.ndarray, j: int) -> tuple[pa.Array, pa.Array]:
-    """(kind, value) of column ``j`` of the tuples at ``rows`` (NULL where no tuple)."""
-    offsets = tuples.offsets.to_numpy()
-    present = ~np.asarray(tuples.is_null())[rows]
-    index = np.where(present, offsets[rows] + j, 0)
-    flat = tuples.values
-    take = pa.array(index, mask=~present)
-    return flat.field("kind").take(take), flat.field("value").take(take)
+def _tuple_values(tuples: pa.ListArray, rows: np.ndarray, columns: int) -> tuple[pa.Array, np.ndarray]:
+    """The values of the tuples at ``rows`` (each row has one of ``columns`` values), column after
+    column, and where they sit in ``tuples.values`` (one take for all columns)."""
+    index = (tuples.offsets.to_numpy()[rows][None, :] + np.arange(columns)[:, None]).reshape(-1)
+    return tuples.values.field("value").take(pa.array(index)), index
 
 
-def _convert_values(kind: pa.Array, value: pa.Array, version: RelationVersion, history: RelationHistory,
-                    j: int, target: pa.DataType) -> pa.Array:
+def _only(values: pa.Array, keep: pa.Array) -> pa.Array:
+    """``values`` with NULL where ``keep`` is false: no copy when they already are (the decoder
+    leaves a value NULL for a NULL or unchanged-TOAST column)."""
+    if pc.all(pc.equal(keep, values.is_valid())).as_py() is not False:
+        return values
+    return pc.if_else(keep, values, pa.nulls(len(values), values.type))
+
+
+def _convert_values(value: pa.Array, text: np.ndarray, binary: np.ndarray, version: RelationVersion,
+                    history: RelationHistory, j: int, target: pa.DataType) -> pa.Array:
+    """Column ``j``'s values as ``target``; ``text`` / ``binary``: the value's format."""
     column = version.columns[j]
     pg_type = history.pg_type(column, version.seq + 1)
-    text = pc.fill_null(pc.equal(kind, "t"), False)
-    binary = pc.fill_null(pc.equal(kind, "b"), False)
     keep = text_type(pg_type) if history.keeps_text(version.relation_id, column.name) else None
     try:
-        if not pc.any(binary).as_py():
-            out = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type, format="text",
-                          target=keep)
+        if not binary.any():
+            out = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
         else:
-            as_text = convert(pc.if_else(text, value, pa.nulls(len(value), pa.binary())), pg_type,
-                              format="text", target=keep)
-            as_binary = convert(pc.if_else(binary, value, pa.nulls(len(value), pa.binary())), pg_type,
-                                format="binary", target=keep)
-            out = pc.if_else(binary, as_binary, as_text)
+            as_text = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
+            as_binary = convert(_only(value, pa.array(binary)), pg_type, format="binary", target=keep)
+            out = pc.if_else(pa.array(binary), as_binary, as_text)
     except TypeConversionError as exc:
         raise TypeConversionError(
             f"{version.namespace}.{version.name}.{column.name}: {exc}") from exc
     return out if out.type == target else out.cast(target)
 
 
-def _typed_tuple(tuples: pa.ListArray, rows: np.ndarray, version: RelationVersion,
-                 history: RelationHistory, schema: pa.Schema) -> tuple[dict[str, pa.Array], np.ndarray]:
-    """Typed columns of one version's tuples, and a rows x columns 'unchanged TOAST' matrix."""
+def _kinds(tuples: pa.ListArray) -> dict[str, np.ndarray]:
+    """Per value of ``tuples.values``, whether its kind is text, binary, unchanged TOAST."""
+    kind = tuples.values.field("kind")
+    return {k: np.asarray(pc.fill_null(pc.equal(kind, k), False)) for k in "tbu"}
+
+
+def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.ndarray,
+                 version: RelationVersion, history: RelationHistory,
+                 schema: pa.Schema) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Typed columns of one version's tuples (NULL where a row has none), and a rows x columns
+    'unchanged TOAST' matrix. ``kinds``: `_kinds` of ``tuples``.
+
+    Only the rows with a tuple are converted (an insert has no old one, a delete no new one);
+    their values are then spread over ``rows``.
+    """
     out: dict[str, pa.Array] = {}
-    unchanged = np.zeros((rows.size, len(version.columns)), dtype=bool)
+    width = len(version.columns)
+    unchanged = np.zeros((rows.size, width), dtype=bool)
+    present = np.asarray(tuples.is_valid())[rows]
+    have = rows[present]
+    if not have.size:
+        return {c.name: pa.nulls(rows.size, schema.field(c.name).type) for c in version.columns}, unchanged
+    values, index = _tuple_values(tuples, have, width)
+    text, binary = kinds["t"][index], kinds["b"][index]
+    unchanged[present] = kinds["u"][index].reshape(width, -1).T
+    spread = None if have.size == rows.size else pa.array(np.cumsum(present) - 1, mask=~present)
+    m = have.size
     for j, column in enumerate(version.columns):
-        kind, value = _tuple_column(tuples, rows, j)
-        unchanged[:, j] = np.asarray(pc.fill_null(pc.equal(kind, "u"), False))
-        out[column.name] = _convert_values(kind, value, version, history, j,
-                                           schema.field(column.name).type)
+        part = slice(j * m, (j + 1) * m)
+        typed = _convert_values(values.slice(j * m, m), text[part], binary[part], version, history, j,
+                                schema.field(column.name).type)
+        out[column.name] = typed if spread is None else typed.take(spread)
     return out, unchanged
 
 
@@ -143,12 +166,23 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
         missing = change_rows[version_of[change_rows] < 0]
         if missing.size:
             history.version_at(relation_id, int(seq[missing[0]]))  # raises UnknownRelationError
+        # Consecutive Relation messages often describe the same columns (one per walsender
+        # session): their rows are converted together.
+        same: dict[tuple, int] = {}  # type: ignore[type-arg]
+        for v in np.unique(version_of[change_rows]).tolist():
+            version = versions[v]
+            layout = (version.namespace, version.name, version.columns,
+                      tuple(history.pg_type(c, version.seq + 1) for c in version.columns))
+            first = same.setdefault(layout, v)
+            if first != v:
+                version_of[version_of == v] = first
     parts: list[tuple[np.ndarray, dict[str, pa.Array], dict[str, pa.Array], pa.Array]] = []
+    new_kinds, old_kinds = (_kinds(t) if change_rows.size else {} for t in (new_tuples, old_tuples))
     for v in np.unique(version_of[change_rows]):
         version = versions[int(v)]
         rows = np.flatnonzero(version_of == v)
-        new, unchanged = _typed_tuple(new_tuples, rows, version, history, schema)
-        old, _ = _typed_tuple(old_tuples, rows, version, history, schema)
+        new, unchanged = _typed_tuple(new_tuples, new_kinds, rows, version, history, schema)
+        old, _ = _typed_tuple(old_tuples, old_kinds, rows, version, history, schema)
         parts.append((rows, new, old, _unchanged_lists(unchanged, [c.name for c in version.columns])))
     if parts:
         index = np.full(n, -1, dtype=np.int64)
@@ -158,13 +192,18 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
             base += rows.size
         take = pa.array(index, mask=index < 0)
 
+        # One version and no truncate among the rows (the common case): nothing to move.
+        in_place = len(parts) == 1 and parts[0][0].size == n
+
         def scatter(name: str, pick, type_: pa.DataType) -> pa.Array:  # type: ignore[no-untyped-def]
             chunks = [pick(p).get(name, pa.nulls(p[0].size, type_)) for p in parts]
+            if in_place:
+                return chunks[0].cast(type_)
             return pa.concat_arrays([c.cast(type_) for c in chunks]).take(take)
 
         columns = {name: scatter(name, lambda p: p[1], schema.field(name).type) for name in data_names}
         old_columns = {f.name: scatter(f.name, lambda p: p[2], f.type) for f in old_type}
-        unchanged_lists = pa.concat_arrays([p[3] for p in parts]).take(take)
+        unchanged_lists = parts[0][3] if in_place else pa.concat_arrays([p[3] for p in parts]).take(take)
     has_old = np.asarray(old_tuples.is_valid())
     old_struct = pa.StructArray.from_arrays(list(old_columns.values()), fields=list(old_type),
                                             mask=pa.array(~has_old))

@@ -76,3 +76,46 @@ def test_change_before_any_relation_message_names_oid_and_seq():
 def test_metadata_name_clash_is_an_error():
     with pytest.raises(TypeConversionError, match="_op"):
         change_schema([("_op", pa.string())])
+
+
+def test_a_batch_converts_as_its_rows_do_one_by_one():
+    """Rows with and without old / new tuples, text and binary values, a Relation message sent
+    again with the same columns, a schema change and truncates between them: converting the
+    batch at once gives each row what converting it alone gives."""
+    cols = [(1, "id", 23, -1), (0, "note", 25, -1), (0, "raw", 17, -1)]
+    v1 = b.relation(1, "public", "t", "f", cols)
+    v2 = b.relation(1, "public", "t", "f", cols + [(0, "n", 20, -1)])
+
+    def row(*values):
+        return b.tuple_data(*values)
+
+    messages = [
+        v1,
+        b.insert(1, row(("t", b"1"), ("t", b"a"), ("t", b"\\x00ff"))),
+        b.insert(1, row(("b", b"\x00\x00\x00\x07"), ("n", None), ("b", b"\x01\x02"))),
+        v1,  # the same columns again (a new walsender session)
+        b.update(1, row(("t", b"2"), ("u", None), ("t", b"\\x")),
+                 row(("t", b"1"), ("t", b"a"), ("t", b"\\x00ff")), "O"),
+        b.truncate([1]),
+        b.delete(1, row(("b", b"\x00\x00\x00\x07"), ("n", None), ("b", b"\x01\x02")), "O"),
+        b.update(1, row(("t", b"3"), ("t", b"c"), ("n", None))),
+        v2,
+        b.insert(1, row(("t", b"4"), ("t", b"d"), ("n", None), ("b", b"\x00" * 7 + b"\x09"))),
+        b.update(1, row(("t", b"5"), ("u", None), ("u", None), ("t", b"-1")),
+                 row(("t", b"4"), ("t", b"d"), ("n", None), ("t", b"9")), "O"),
+        b.delete(1, row(("t", b"5"), ("t", b"e"), ("n", None), ("n", None)), "O"),
+    ]
+    decoded, batch = _rows(messages)
+    history = _history(decoded)
+    schema = change_schema(history.table_columns(1))
+    changes = batch.filter(pa.array([t != "relation" for t in batch.column("message_type").to_pylist()]))
+    together = typed_changes(changes, 1, history, schema).to_pylist()
+    alone = [typed_changes(changes.slice(i, 1), 1, history, schema).to_pylist()[0]
+             for i in range(changes.num_rows)]
+    assert together == alone
+    assert [(r["_op"], r["id"], r["raw"], r["n"]) for r in together] == [
+        ("insert", 1, b"\x00\xff", None), ("insert", 7, b"\x01\x02", None), ("update", 2, b"", None),
+        ("truncate", None, None, None), ("delete", None, None, None), ("update", 3, None, None),
+        ("insert", 4, None, 9), ("update", 5, None, -1), ("delete", None, None, None)]
+    assert [r["_old"] and r["_old"]["id"] for r in together] == [None, None, 1, None, 7, None, None, 4, 5]
+    assert [r["_unchanged_toast"] for r in together] == [[], [], ["note"], None, [], [], [], ["note", "raw"], []]

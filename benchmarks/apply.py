@@ -368,14 +368,14 @@ _MERGE_METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdate
                   "numTargetDeletionVectorsAdded", "executionTimeMs", "scanTimeMs", "rewriteTimeMs")
 
 
-def spark_session(driver_memory: str, local_dir: Path) -> Any:
+def spark_session(driver_memory: str, local_dir: Path, extra: dict[str, str] | None = None) -> Any:
     from pgoutput_spark.spark.session import build_spark_session
 
     # Shuffle and spill files beside the data, not in /tmp (where other jobs clean up).
     local_dir.mkdir(parents=True, exist_ok=True)
     return build_spark_session(app_name="pgoutput-spark-apply-bench", master="local[2]",
                                conf={**SPARK_CONF, "spark.driver.memory": driver_memory,
-                                     "spark.local.dir": str(local_dir)})
+                                     "spark.local.dir": str(local_dir), **(extra or {})})
 
 
 def jvm_pid(spark: Any) -> int:
@@ -768,7 +768,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     path, args.reuse, lambda p, r=rows, k=recent: build_merge(p, r, args.merge_changes, k),
                     f"{rows:,}-row table, {args.merge_changes:,} changes of {'recent' if recent else 'random'} keys"))
 
-    spark = spark_session(args.driver_memory, out / "spark-local")
+    spark = spark_session(args.driver_memory, out / "spark-local", dict(c.split("=", 1) for c in args.conf))
     try:
         if e2e_info is not None:
             header(f"[a] end to end: {e2e_info['changes']:,} changes ({e2e_info['messages']:,} messages) "
@@ -847,6 +847,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--merge-runs", type=int, default=1, help="[b]: runs per size and variant; the best counts")
     parser.add_argument("--rows-per-file", type=int, default=1_000_000,
                         help="[b]: rows per Parquet file of the initial mirrors (default 1,000,000)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable), e.g. spark.driver.extraJavaOptions=...")
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory (default 2g)")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / "data",
                         help="where captures and mirrors are kept (default: benchmarks/data, gitignored)")

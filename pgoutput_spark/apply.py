@@ -466,15 +466,20 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                         register(session, names[oid], plan.path)
                 return out
 
+            # The tables with the most changes first: the run ends when its largest table is
+            # written, so that one must not wait for a free thread behind small ones.
+            groups = sorted(by_path.values(), key=lambda oids: -sum(n_changes[oid] for oid in oids))
             with _step(f"write {len(relations)} tables"), \
                     ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
-                for done in pool.map(mirror, by_path.values()):
+                for done in pool.map(mirror, groups):
                     for t in done:
                         results.append(t)
                         say(f"table {len(results)}/{len(relations)} {t.status}: {t.table} "
                             f"+{t.inserted} ~{t.updated} -{t.deleted}"
                             + (f" skipped {t.skipped}" if t.skipped else "")
                             + (" truncated" if t.truncated else ""))
+            position = {oid: i for i, oid in enumerate(relations)}
+            results.sort(key=lambda t: position[t.relation_id])  # reported in OID order, as before
         if rebuilt:
             with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
                 results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -594,8 +595,7 @@ class _Rebuild:
                 name = f"{latest.namespace}.{latest.name}"
                 spec = _spec(history, oid, plan, tables)
                 arrow_schema = change_schema(plan.columns)
-                net = converted_net_frame(relation_rows(committed, oid, tuples=False),
-                                          converter(ledger.spark, oid, history, arrow_schema), spec, arrow_schema)
+                net = _converted_net(ledger.spark, committed, oid, history, spec, arrow_schema, tuples=False)
                 rows = net.where(F.col("_action").isin("upsert", "insert")).select(
                     *[F.col(quote(c)) for c in spec.columns]).persist()
                 try:
@@ -678,6 +678,14 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
     return out
 
 
+def _converted_net(session: SparkSession, committed: DataFrame, oid: int, history: RelationHistory,
+                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool) -> DataFrame:
+    """A table's committed change rows converted and netted in one task (`converted_net_frame`);
+    ``tuples`` as for `relation_rows`."""
+    return converted_net_frame(relation_rows(committed, oid, tuples=tuples),
+                               converter(session, oid, history, arrow_schema), spec, arrow_schema)
+
+
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int,
                   metadata: dict[str, Any], redone: bool, spec: TableSpec,
@@ -720,8 +728,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         if fused:
-            net = converted_net_frame(relation_rows(committed, oid, tuples=tuples),
-                                      converter(session, oid, history, arrow_schema), spec, arrow_schema).persist()
+            net = _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples).persist()
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, typed, spec) if looks_up else None

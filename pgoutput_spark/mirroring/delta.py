@@ -327,12 +327,16 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
     (to ``arrow_schema``). The typed rows never become Spark rows: one pass
     through a Python task where converting in tasks of their own and netting
     in another moves every typed row out of Arrow, through a shuffle and back.
+
+    The task reads ``changes``' partitions itself (a coalesce, not a shuffle), so they
+    should come from cached rows, as the committed changes of a run do: their filter
+    then runs in the task, and no row is written to shuffle files.
     """
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = pa.Table.from_batches([convert(batch) for batch in batches], schema=arrow_schema)
         yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
 
-    return changes.repartition(1).mapInArrow(
+    return changes.coalesce(1).mapInArrow(
         run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
 
 

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from ..convert import convert, text_type
 from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
+from ..lsn import Lsn
 from .relations import RelationHistory, RelationVersion
 
 META_FIELDS = [
@@ -96,10 +97,11 @@ def _kinds(tuples: pa.ListArray) -> dict[str, np.ndarray]:
 
 
 def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.ndarray,
-                 version: RelationVersion, history: RelationHistory,
-                 schema: pa.Schema) -> tuple[dict[str, pa.Array], np.ndarray]:
+                 version: RelationVersion, history: RelationHistory, schema: pa.Schema,
+                 batch: pa.RecordBatch, side: str) -> tuple[dict[str, pa.Array], np.ndarray]:
     """Typed columns of one version's tuples (NULL where a row has none), and a rows x columns
-    'unchanged TOAST' matrix. ``kinds``: `_kinds` of ``tuples``.
+    'unchanged TOAST' matrix. ``kinds``: `_kinds` of ``tuples``; ``batch`` and ``side`` (the
+    tuples' field of ``change``) name a bad change in errors.
 
     Only the rows with a tuple are converted (an insert has no old one, a delete no new one);
     their values are then spread over ``rows``.
@@ -111,6 +113,15 @@ def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.nd
     have = rows[present]
     if not have.size:
         return {c.name: pa.nulls(rows.size, schema.field(c.name).type) for c in version.columns}, unchanged
+    counts = np.diff(tuples.offsets.to_numpy())[have]
+    if (counts != width).any():
+        bad = int(np.flatnonzero(counts != width)[0])
+        i = int(have[bad])
+        lsn = batch.column("lsn")[i].as_py() if "lsn" in batch.schema.names else None
+        raise TypeConversionError(
+            f"{version.namespace}.{version.name}: the {batch.column('message_type')[i]} at seq "
+            f"{batch.column('seq')[i]}{'' if lsn is None else f' (LSN {Lsn(lsn)})'} has {counts[bad]} "
+            f"columns in its {side}, but its Relation message (seq {version.seq}) has {width}")
     values, index = _tuple_values(tuples, have, width)
     text, binary = kinds["t"][index], kinds["b"][index]
     unchanged[present] = kinds["u"][index].reshape(width, -1).T
@@ -181,8 +192,8 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     for v in np.unique(version_of[change_rows]):
         version = versions[int(v)]
         rows = np.flatnonzero(version_of == v)
-        new, unchanged = _typed_tuple(new_tuples, new_kinds, rows, version, history, schema)
-        old, _ = _typed_tuple(old_tuples, old_kinds, rows, version, history, schema)
+        new, unchanged = _typed_tuple(new_tuples, new_kinds, rows, version, history, schema, batch, "new_tuple")
+        old, _ = _typed_tuple(old_tuples, old_kinds, rows, version, history, schema, batch, "old_tuple")
         parts.append((rows, new, old, _unchanged_lists(unchanged, [c.name for c in version.columns])))
     if parts:
         index = np.full(n, -1, dtype=np.int64)

@@ -119,3 +119,19 @@ def test_a_batch_converts_as_its_rows_do_one_by_one():
         ("insert", 4, None, 9), ("update", 5, None, -1), ("delete", None, None, None)]
     assert [r["_old"] and r["_old"]["id"] for r in together] == [None, None, 1, None, 7, None, None, 4, 5]
     assert [r["_unchanged_toast"] for r in together] == [[], [], ["note"], None, [], [], [], ["note", "raw"], []]
+
+
+@pytest.mark.parametrize("side", ["new_tuple", "old_tuple"])
+def test_a_tuple_with_another_column_count_than_its_relation_is_an_error(side):
+    rel = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "note", 25, -1), (0, "n", 20, -1)])
+    good = b.tuple_data(("t", b"1"), ("t", b"a"), ("t", b"5"))
+    short = b.tuple_data(("t", b"2"), ("t", b"b"))
+    changed = b.update(1, short, good, "O") if side == "new_tuple" else b.update(1, good, short, "O")
+    decoded, batch = _rows([rel, b.insert(1, good), changed, b.insert(1, good)])
+    history = _history(decoded)
+    with pytest.raises(TypeConversionError, match=rf"public\.t: the update at seq 2 has 2 columns in its "
+                                                  rf"{side}, but its Relation message \(seq 0\) has 3"):
+        typed_changes(batch.slice(1), 1, history, change_schema(history.table_columns(1)))
+    with_lsn = batch.append_column("lsn", pa.array([0, 0, 0x1_0000_0020, 0], pa.int64()))
+    with pytest.raises(TypeConversionError, match=r"the update at seq 2 \(LSN 1/20\) has 2 columns"):
+        typed_changes(with_lsn.slice(1), 1, history, change_schema(history.table_columns(1)))

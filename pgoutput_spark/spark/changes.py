@@ -39,8 +39,8 @@ def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True
     """
     is_truncate = F.col("message_type") == "truncate"
     # The OID as an array literal: Spark's generated code refers to it where it would write an
-    # integer literal into the code, so every table's query is one compiled class, not one each
-    # (the JIT compiler spent seconds of a run compiling the same filter once per table).
+    # integer literal into the code, so every table's filter is one compiled class, not one
+    # per table (each compiled by Janino, then again by the JVM's JIT compiler).
     oid = F.array(F.lit(relation_id).cast("long"))
     return committed.where(
         (~is_truncate & F.array_contains(oid, F.col("change.relation_id")))

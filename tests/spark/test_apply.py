@@ -303,6 +303,38 @@ def test_a_small_tables_changes_are_converted_in_one_task(spark, monkeypatch):
         decoded.unpersist()
 
 
+def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
+    """Spark writes integer literals into the code it generates: a filter on each table's OID
+    would be a class of its own, compiled (and JIT-compiled) once per table."""
+    from pgoutput_spark.spark import changes
+    from pgoutput_spark.spark.assemble import assemble
+    from pgoutput_spark.spark.decode import decode
+
+    msgs = [*_first_slice(), *_txn(702, 3000, b.truncate([1, 2]), b.insert(2, _t("new", 1)))]
+    committed = assemble(decode(_frame(spark, msgs), tuples=False)).committed.persist()
+    try:
+        def rows_and_code(oid):
+            frame = changes.relation_rows(committed, oid, tuples=False)
+            rows = sorted((r["seq"], r["message_type"]) for r in frame.collect())
+            frame.explain(mode="codegen")
+            code = [line for line in capsys.readouterr().out.splitlines() if line.startswith("/*")]
+            return rows, code
+
+        adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+        spark.conf.set("spark.sql.adaptive.enabled", "false")  # its plans show code only once run
+        try:
+            (one, code_one), (two, code_two) = rows_and_code(1), rows_and_code(2)
+        finally:
+            spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+        assert code_one and code_one == code_two
+        # seq = position in msgs: Begin, Relation, ... (see _first_slice); the truncate is seq 17.
+        assert one == [(2, "insert"), (3, "insert"), (10, "update"), (14, "delete"), (17, "truncate")]
+        assert two == [(5, "insert"), (6, "insert"), (7, "insert"), (11, "update"), (12, "insert"),
+                       (13, "delete"), (17, "truncate"), (18, "insert")]
+    finally:
+        committed.unpersist()
+
+
 def test_one_task_gets_null_arrays_and_structs_back_as_they_were(spark):
     """`in_one_task` sends NULL arrays as empty ones with a flag (Spark writes runs of NULL
     arrays to Arrow in quadratic time): the task sees the very rows Spark holds."""

@@ -36,7 +36,7 @@ from ..assemble.relations import RelationVersion
 from ..assemble.typed import META_NAMES
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
-from .net import TableSpec, net_changes, out_schema
+from .net import TableSpec, _one_array, net_changes, out_schema
 
 #: Table properties of every mirror.
 PROPERTIES = {
@@ -416,8 +416,7 @@ def restore_null_arrays(table: pa.Table, flags: dict[str, tuple[str, str | None]
         return table
 
     def whole(name: str) -> pa.Array:
-        column = table.column(name)
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        return _one_array(table.column(name))
 
     columns = {name: whole(name) for name in {name for name, _ in flags.values()}}
     for flag, (name, field) in flags.items():  # fields of a struct first, then the struct

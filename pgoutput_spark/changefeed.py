@@ -2,7 +2,8 @@
 
 Layout under the target root::
 
-    <target>/_changes/<schema>/<table>/   one Delta change table per source table
+    <target>/_changes/<schema>/<table>/   one Delta change table per source table (names as in
+                                         the mirrors' default layout, `mirror_path`)
     <target>/_messages/                  logical decoding messages (Delta)
     <target>/_pgoutput/runs/             one row per run start and finish (Delta)
     <target>/_pgoutput/relations/        every Relation / Type message seen (Delta)
@@ -29,7 +30,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
-from .mirroring.delta import absolute_path
+from .mirroring.delta import PROPERTIES, absolute_path, mirror_path, plan_schema, quote
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -65,10 +66,15 @@ def _exists(spark: SparkSession, path: str) -> bool:
     return _is_delta(spark, path)
 
 
-def _append(frame: DataFrame, path: str, app_id: str, version: int, overwrite: bool = False) -> None:
-    (frame.write.format("delta").mode("overwrite" if overwrite else "append")
-     .option("mergeSchema", "true")
-     .option("txnAppId", app_id).option("txnVersion", version).save(path))
+def _append(frame: DataFrame, path: str, app_id: str, version: int, overwrite: bool = False,
+            properties: dict[str, str] | None = None) -> None:
+    """Append (or overwrite) idempotently; ``properties`` are set on a table this write creates."""
+    writer = (frame.write.format("delta").mode("overwrite" if overwrite else "append")
+              .option("mergeSchema", "true")
+              .option("txnAppId", app_id).option("txnVersion", version))
+    for key, value in (properties or {}).items():
+        writer = writer.option(key, value)
+    writer.save(path)
 
 
 class _State:
@@ -162,16 +168,26 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"))
         per_relation = {r["relation_id"]: r["count"]
                         for r in touched.groupBy("relation_id").count().collect()}
+        plans = {}  # every table's schema checked before anything is written
         for relation_id in sorted(per_relation):
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 seq = first[0] if first is not None and first[0] is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
             latest = history.latest(relation_id)
-            frame = typed_change_frame(committed, relation_id, history, rows=per_relation[relation_id],
-                                       tuples=tuples)
-            path = f"{state.target}/_changes/{latest.namespace}/{latest.name}"
-            _append(frame, path, f"{state.pipeline}:changes:{relation_id}", hi)
+            plans[relation_id] = plan_schema(
+                spark, mirror_path(f"{state.target}/_changes", latest.namespace, latest.name),
+                f"{latest.namespace}.{latest.name}", history.table_columns(relation_id),  # type: ignore[arg-type]
+                remedy="Move the change table away to start a new one from this run on")
+        for relation_id, plan in plans.items():
+            latest = history.latest(relation_id)
+            if plan.widen:  # the append widens them (and their `_old` fields) once this is on
+                spark.sql(f"ALTER TABLE delta.{quote(plan.path)} SET TBLPROPERTIES "
+                          f"('delta.enableTypeWidening' = 'true')")
+            frame = typed_change_frame(committed, relation_id, history, plan.columns,
+                                       rows=per_relation[relation_id], tuples=tuples)
+            _append(frame, plan.path, f"{state.pipeline}:changes:{relation_id}", hi,
+                    properties=None if plan.exists else PROPERTIES)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]
             say(f"table {len(counts)}/{len(per_relation)} written: {latest.namespace}.{latest.name} "
                 f"{per_relation[relation_id]} changes")

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 from dataclasses import dataclass, field
 
-from ..convert import PgType, arrow_type, resolve, text_type
+from ..convert import PgType, arrow_type, resolve, text_type, widens
 from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
 from ..errors import PgoutputSparkError
 
@@ -117,15 +117,20 @@ class RelationHistory:
     def table_columns(self, relation_id: int) -> list[tuple[str, object]]:
         """(name, Arrow type) of every column any version had, in first-seen order.
 
-        A column keeps the type of its latest version; earlier values are cast
-        to it when written (a narrowing cast fails there, loudly).
+        A column has the type of its latest version, or of an earlier one that the
+        later ones narrowed (``bigint`` to ``int``: the wider type holds every value);
+        earlier values are cast to it when converted (a cast that fails names the
+        column and both types). The mirror's `plan_schema` applies the same rule to
+        the types a Delta table already has.
         """
         out: dict[str, object] = {}
         for version in self.relations[relation_id]:
             for column in version.columns:
                 pg_type = self.pg_type(column, version.seq + 1)
-                out[column.name] = (text_type(pg_type) if self.keeps_text(relation_id, column.name)
-                                    else arrow_type(pg_type))
+                now = (text_type(pg_type) if self.keeps_text(relation_id, column.name)
+                       else arrow_type(pg_type))
+                before = out.get(column.name)
+                out[column.name] = before if before is not None and widens(now, before) else now
         return list(out.items())
 
 

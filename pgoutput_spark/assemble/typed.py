@@ -71,23 +71,58 @@ def _only(values: pa.Array, keep: pa.Array) -> pa.Array:
     return pc.if_else(keep, values, pa.nulls(len(values), values.type))
 
 
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+
+
 def _convert_values(value: pa.Array, text: np.ndarray, binary: np.ndarray, version: RelationVersion,
                     history: RelationHistory, j: int, target: pa.DataType) -> pa.Array:
-    """Column ``j``'s values as ``target``; ``text`` / ``binary``: the value's format."""
+    """Column ``j``'s values as ``target``; ``text`` / ``binary``: the value's format.
+
+    ``target`` differs from the version's own type when the column's type changed
+    (`RelationHistory.table_columns`); a value the cast cannot carry over is a
+    `TypeConversionError` naming it (its ``index`` in ``value``).
+    """
     column = version.columns[j]
     pg_type = history.pg_type(column, version.seq + 1)
     keep = text_type(pg_type) if history.keeps_text(version.relation_id, column.name) else None
+    if not binary.any():
+        out = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
+    else:
+        as_text = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
+        as_binary = convert(_only(value, pa.array(binary)), pg_type, format="binary", target=keep)
+        out = pc.if_else(pa.array(binary), as_binary, as_text)
+    if out.type == target:
+        return out
     try:
-        if not binary.any():
-            out = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
-        else:
-            as_text = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
-            as_binary = convert(_only(value, pa.array(binary)), pg_type, format="binary", target=keep)
-            out = pc.if_else(pa.array(binary), as_binary, as_text)
-    except TypeConversionError as exc:
+        return out.cast(target)
+    except _CAST_ERRORS as error:
+        lo, n = 0, len(out)  # bisect to the first value that does not cast (error path only)
+        while n > 1:
+            half = n // 2
+            try:
+                out.slice(lo, half).cast(target)
+            except _CAST_ERRORS:
+                n = half
+                continue
+            lo, n = lo + half, n - half
         raise TypeConversionError(
-            f"{version.namespace}.{version.name}.{column.name}: {exc}") from exc
-    return out if out.type == target else out.cast(target)
+            f"the column has type {target} (its type in another Relation version or in the mirror), "
+            f"which this value does not fit: {error}", type_name=pg_type.display_name,
+            format="binary" if binary[lo] else "text", value=value[lo].as_py(), index=lo) from error
+
+
+def _at_change(exc: TypeConversionError, version: RelationVersion, column: str, batch: pa.RecordBatch,
+               rows: np.ndarray, side: str) -> TypeConversionError:
+    """``exc`` with the table, column and change it is about (``rows[exc.index]`` of ``batch``)."""
+    where = f"{version.namespace}.{version.name}.{column}"
+    if exc.index is None:
+        return TypeConversionError(f"{where}: {exc}")
+    i = int(rows[exc.index])
+    lsn = batch.column("lsn")[i].as_py() if "lsn" in batch.schema.names else None
+    value = TypeConversionError(exc.reason, type_name=exc.type_name, format=exc.format, value=exc.value)
+    return TypeConversionError(
+        f"{where}: the {batch.column('message_type')[i]} at seq {batch.column('seq')[i]}"
+        f"{'' if lsn is None else f' (LSN {Lsn(lsn)})'}, {side}: {value}")
 
 
 def _kinds(tuples: pa.ListArray) -> dict[str, np.ndarray]:
@@ -129,8 +164,11 @@ def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.nd
     m = have.size
     for j, column in enumerate(version.columns):
         part = slice(j * m, (j + 1) * m)
-        typed = _convert_values(values.slice(j * m, m), text[part], binary[part], version, history, j,
-                                schema.field(column.name).type)
+        try:
+            typed = _convert_values(values.slice(j * m, m), text[part], binary[part], version, history, j,
+                                    schema.field(column.name).type)
+        except TypeConversionError as exc:
+            raise _at_change(exc, version, column.name, batch, have, side) from exc
         out[column.name] = typed if spread is None else typed.take(spread)
     return out, unchanged
 

@@ -25,7 +25,7 @@ from .oids import BuiltinArrayType
 from .pgtype import PgType
 from .raw import RawValues, ValueFailure
 
-__all__ = ["arrow_type", "convert"]
+__all__ = ["arrow_type", "convert", "text_type", "widens"]
 
 Format = Literal["text", "binary"]
 Run = Callable[[pa.Array], pa.Array]
@@ -63,6 +63,27 @@ def text_type(t: PgType) -> pa.DataType:
         for _ in range(t.dimensions):
             result = pa.list_(result)
     return result
+
+
+_INTEGERS = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+_INTEGER_DIGITS = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}
+
+
+def widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether every value of type ``old`` is one of type ``new`` without loss, as Delta's type
+    widening allows: a smaller integer to a larger one or to a decimal with room for its digits,
+    float to double, a decimal to one with as many digits on each side of the point or more."""
+    if old == new:
+        return True
+    if old in _INTEGERS and new in _INTEGERS:
+        return _INTEGERS.index(old) < _INTEGERS.index(new)
+    if old == pa.float32() and new == pa.float64():
+        return True
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    if old in _INTEGERS and pa.types.is_decimal(new):
+        return new.precision - new.scale >= _INTEGER_DIGITS[old]
+    return False
 
 
 def convert(

@@ -34,6 +34,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.relations import RelationVersion
 from ..assemble.typed import META_NAMES
+from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
 from .net import TableSpec, _one_array, net_changes, out_schema
@@ -152,23 +153,14 @@ def table_spec(version: RelationVersion, columns: list[str]) -> TableSpec:
 
 # -- schema -------------------------------------------------------------------------------------
 
-_INTEGERS = [T.ByteType(), T.ShortType(), T.IntegerType(), T.LongType()]
-
-
 def widens(old: T.DataType, new: T.DataType) -> bool:
-    """Whether Delta's type widening turns a column of type ``old`` into ``new``."""
+    """Whether Delta's type widening turns a column of type ``old`` into ``new`` (`convert.widens`)."""
     if old == new:
         return True
-    if old in _INTEGERS and new in _INTEGERS:
-        return _INTEGERS.index(old) < _INTEGERS.index(new)
-    if old == T.FloatType() and new == T.DoubleType():
-        return True
-    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
-    if old in _INTEGERS and isinstance(new, T.DecimalType):
-        digits = {0: 3, 1: 5, 2: 10, 3: 20}[_INTEGERS.index(old)]
-        return new.precision - new.scale >= digits
-    return False
+    try:
+        return arrow_widens(_arrow_of(old), _arrow_of(new))
+    except TypeError:  # a type with no Arrow form (a column someone else added): not ours to widen
+        return False
 
 
 @dataclass(frozen=True)
@@ -186,13 +178,14 @@ class SchemaPlan:
         return not self.exists or bool(self.add or self.widen)
 
 
-def plan_schema(spark: SparkSession, path: str, table: str,
-                columns: list[tuple[str, pa.DataType]]) -> SchemaPlan:
+def plan_schema(spark: SparkSession, path: str, table: str, columns: list[tuple[str, pa.DataType]], *,
+                remedy: str = "Re-snapshot the table into a new mirror") -> SchemaPlan:
     """Compare the source's columns with the mirror's; raise `SchemaChangeError` if they cannot meet.
 
     A column whose source type narrowed keeps the mirror's wider type (values
     are converted to it); one that widened is widened in Delta; any other type
-    change is an error naming the table, column and both types.
+    change is an error naming the table, column and both types, and ``remedy``.
+    Columns of the Delta table that are not in ``columns`` are left alone.
     """
     from ..capture import _is_delta
 
@@ -215,8 +208,8 @@ def plan_schema(spark: SparkSession, path: str, table: str,
             else:
                 raise SchemaChangeError(
                     f"{table}: column {name!r} changed type from {have.simpleString()} to "
-                    f"{field.dataType.simpleString()}, which the Delta mirror at {path} cannot widen "
-                    f"to; nothing was written. Re-snapshot the table into a new mirror")
+                    f"{field.dataType.simpleString()}, which the Delta table at {path} cannot widen "
+                    f"to; nothing was written. {remedy}")
         out.append((name, arrow))
     return SchemaPlan(path, True, out, add, widen)
 

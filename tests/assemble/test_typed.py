@@ -135,3 +135,54 @@ def test_a_tuple_with_another_column_count_than_its_relation_is_an_error(side):
     with_lsn = batch.append_column("lsn", pa.array([0, 0, 0x1_0000_0020, 0], pa.int64()))
     with pytest.raises(TypeConversionError, match=r"the update at seq 2 \(LSN 1/20\) has 2 columns"):
         typed_changes(with_lsn.slice(1), 1, history, change_schema(history.table_columns(1)))
+
+
+def test_a_value_that_does_not_convert_names_table_column_change_and_value():
+    rel = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "d", 1082, -1)])
+    good = b.tuple_data(("t", b"1"), ("t", b"2024-02-29"))
+    bad = b.tuple_data(("t", b"2"), ("t", b"2023-02-29"))  # no such day
+    decoded, batch = _rows([rel, b.insert(1, good), b.insert(1, good), b.update(1, bad, good, "O")])
+    with_lsn = batch.append_column("lsn", pa.array([0, 0, 0, 0x2_0000_0010], pa.int64()))
+    history = _history(decoded)
+    with pytest.raises(TypeConversionError, match=r"public\.t\.d: the update at seq 3 \(LSN 2/10\), new_tuple: "
+                                                  r"can't convert text value '2023-02-29' to date") as raised:
+        typed_changes(with_lsn.slice(1), 1, history, change_schema(history.table_columns(1)))
+    assert "index" not in str(raised.value)  # a position in a batch means nothing to the user
+
+
+def test_a_column_narrowed_by_a_later_version_keeps_the_wider_type():
+    # bigint -> int (PostgreSQL allows it once every value fits); the earlier, larger values stay.
+    v1 = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "n", 20, -1), (0, "x", 1700, 655366)])
+    v2 = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "n", 23, -1), (0, "x", 1700, 589830)])
+    messages = [v1, b.insert(1, b.tuple_data(("t", b"1"), ("t", str(2**40).encode()), ("t", b"123456.78"))),
+                v2, b.insert(1, b.tuple_data(("t", b"2"), ("t", b"7"), ("t", b"1234.5")))]
+    decoded, batch = _rows(messages)
+    history = _history(decoded)
+    columns = dict(history.table_columns(1))
+    assert columns["n"] == pa.int64() and columns["x"] == pa.decimal128(10, 2)  # numeric(10,2), not (9,2)
+    out = typed_changes(batch.filter(pa.array([False, True, False, True])), 1, history,
+                        change_schema(history.table_columns(1))).to_pylist()
+    import decimal
+
+    assert [(r["id"], r["n"], r["x"]) for r in out] == [
+        (1, 2**40, decimal.Decimal("123456.78")), (2, 7, decimal.Decimal("1234.50"))]
+
+
+def test_a_value_the_columns_later_type_cannot_hold_names_the_change():
+    # text -> int (ALTER ... TYPE int USING ...): the column has the latest type; an earlier value
+    # that is not a number cannot become one.
+    v1 = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "s", 25, -1)])
+    v2 = b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (0, "s", 23, -1)])
+    messages = [v1, b.insert(1, b.tuple_data(("t", b"1"), ("t", b"12"))),
+                b.insert(1, b.tuple_data(("t", b"2"), ("t", b"abc"))),
+                v2, b.insert(1, b.tuple_data(("t", b"3"), ("t", b"4")))]
+    decoded, batch = _rows(messages)
+    history = _history(decoded)
+    assert dict(history.table_columns(1))["s"] == pa.int32()
+    keep = pa.array([False, True, True, False, True])
+    with pytest.raises(TypeConversionError, match=r"public\.t\.s: the insert at seq 2, new_tuple: can't convert "
+                                                  r"text value 'abc' to text: the column has type int32"):
+        typed_changes(batch.filter(keep), 1, history, change_schema(history.table_columns(1)))
+    fine = pa.array([False, True, False, False, True])
+    assert [r["s"] for r in typed_changes(batch.filter(fine), 1, history,
+                                          change_schema(history.table_columns(1))).to_pylist()] == [12, 4]

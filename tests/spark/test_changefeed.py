@@ -219,3 +219,49 @@ def test_change_for_a_relation_never_described_fails_naming_oid_and_seq(spark, t
                                   "seq long, lsn long, data binary")
     with pytest.raises(UnknownRelationError, match="seq 1 refers to relation OID 42"):
         run_changes(spark, frame, str(tmp_path / "target"))
+
+
+def test_type_changes_widen_keep_the_wider_type_or_fail_before_anything_is_written(spark, tmp_path):
+    from pgoutput_spark.mirroring.delta import SchemaChangeError
+
+    from ..decoder import builders as b
+    from .test_apply import INT4, INT8, TEXT, _frame, _t, _txn
+
+    target = str(tmp_path / "target")
+    path = f"{target}/_changes/public/%5Fw%2Fx"  # the mirrors' path encoding for "_w/x"
+    columns = [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b c", TEXT, -1)]
+    v1 = b.relation(6, "public", "_w/x", "d", columns)
+    capture = _txn(900, 1000, v1, b.insert(6, _t(1, 10, "x")))
+    run_changes(spark, _frame(spark, capture), target)
+    # as a change table written before they were created with type widening on
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'false')")
+    # a widens to bigint; a column whose name Delta only takes with column mapping appears.
+    v2 = b.relation(6, "public", "_w/x", "d", [columns[0], (0, "a", INT8, -1), columns[2], (0, "d;e", INT4, -1)])
+    capture += _txn(901, 2000, v2, b.insert(6, _t(2, 2**40, "y", 5)), b.update(6, _t(1, 11, "x", 6)),
+                    b.delete(6, _t(2, None, None, None)))
+    run_changes(spark, _frame(spark, capture), target)
+    # a narrows back to int within one run: the column keeps bigint, the run's earlier bigint too.
+    v3 = b.relation(6, "public", "_w/x", "d", [*columns, (0, "d;e", INT4, -1)])
+    capture += _txn(902, 3000, v2, b.insert(6, _t(3, 2**41, "z", 7)), b.delete(6, _t(3, None, None, None)),
+                    v3, b.insert(6, _t(4, 12, "w", 8)))
+    run_changes(spark, _frame(spark, capture), target)
+    frame = spark.read.format("delta").load(path)
+    types = {f.name: f.dataType for f in frame.schema.fields if not f.name.startswith("_")}
+    assert types == {"id": T.IntegerType(), "a": T.LongType(), "b c": T.StringType(), "d;e": T.IntegerType()}
+    assert frame.schema["_old"].dataType["a"].dataType == T.LongType()
+    rows = frame.orderBy("_commit_seq", "_seq").collect()
+    assert [(r["_op"], r["id"], r["a"], r["b c"], r["d;e"]) for r in rows] == [
+        ("insert", 1, 10, "x", None), ("insert", 2, 2**40, "y", 5), ("update", 1, 11, "x", 6),
+        ("delete", None, None, None, None), ("insert", 3, 2**41, "z", 7), ("delete", None, None, None, None),
+        ("insert", 4, 12, "w", 8)]
+    assert [r["_old"] and r["_old"]["id"] for r in rows] == [None, None, None, 2, None, 3, None]
+    # a becomes text: no Delta table can follow; nothing of the run is written, the next run fails alike.
+    versions = _versions(spark, path)
+    v4 = b.relation(6, "public", "_w/x", "d", [columns[0], (0, "a", TEXT, -1), columns[2], (0, "d;e", INT4, -1)])
+    capture += _txn(903, 4000, v4, b.insert(6, _t(5, "five", "v", 9)))
+    for _ in range(2):
+        with pytest.raises(SchemaChangeError, match=r"public\._w/x: column 'a' changed type from bigint to "
+                                                    r"string, which the Delta table at .* cannot widen to; "
+                                                    r"nothing was written\. Move the change table away"):
+            run_changes(spark, _frame(spark, capture), target)
+        assert _versions(spark, path) == versions

@@ -63,6 +63,7 @@ from .mirroring.delta import (
     converted_net_frame,
     merge,
     mirror_path,
+    path_table,
     net_frame,
     quote,
     plan_schema,
@@ -226,7 +227,7 @@ class Ledger:
         sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
         try:
             row = self.spark.sql(
-                f"UPDATE delta.`{self.lease_path}` SET {sets} "
+                f"UPDATE {path_table(self.lease_path)} SET {sets} "
                 f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
         except Exception as exc:
             if "Concurrent" in type(exc).__name__ or "Concurrent" in str(exc)[:400]:
@@ -920,7 +921,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
 def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
     from .mirroring.delta import METADATA_KEY
 
-    first = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").select("userMetadata").first()
+    first = spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select("userMetadata").first()
     try:
         return bool(first and json.loads(first[0] or "{}").get(METADATA_KEY, {}).get("snapshot"))
     except ValueError:

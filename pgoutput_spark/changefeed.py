@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
-from .mirroring.delta import PROPERTIES, absolute_path, mirror_path, plan_schema, quote
+from .mirroring.delta import PROPERTIES, absolute_path, mirror_path, path_table, plan_schema
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -182,7 +182,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         for relation_id, plan in plans.items():
             latest = history.latest(relation_id)
             if plan.widen:  # the append widens them (and their `_old` fields) once this is on
-                spark.sql(f"ALTER TABLE delta.{quote(plan.path)} SET TBLPROPERTIES "
+                spark.sql(f"ALTER TABLE {path_table(plan.path)} SET TBLPROPERTIES "
                           f"('delta.enableTypeWidening' = 'true')")
             frame = typed_change_frame(committed, relation_id, history, plan.columns,
                                        rows=per_relation[relation_id], tuples=tuples)

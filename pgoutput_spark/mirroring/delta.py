@@ -84,6 +84,12 @@ def absolute_path(path: str) -> str:
     return path if _URI.match(path) else os.path.abspath(path)
 
 
+def path_table(path: str) -> str:
+    """The Delta table at ``path`` as a Spark SQL table name, ``delta.`path```: a source name
+    in a mirror's path may hold a backtick, doubled here as Spark SQL quotes it."""
+    return f"delta.{quote(path)}"
+
+
 def catalog_name(template: str, namespace: str, name: str) -> tuple[str, ...]:
     """The catalog name of a mirror, as its parts: each dot-separated part of ``template`` filled
     in with the source names, every character but letters, digits and ``_`` made ``_``, in
@@ -243,7 +249,7 @@ def apply_schema(spark: SparkSession, plan: SchemaPlan) -> None:
             builder = builder.property(key, value)
         builder.execute()
         return
-    target = f"delta.`{plan.path}`"
+    target = path_table(plan.path)
     if plan.add:
         columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
         spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({columns})")
@@ -505,7 +511,7 @@ def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, versio
 def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:
     """(Delta version, to_lsn) of the commits of ``pipeline`` that record what they applied, oldest first."""
     out = []
-    for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "userMetadata").collect():
+    for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").select("version", "userMetadata").collect():
         try:
             meta = json.loads(row["userMetadata"] or "{}").get(METADATA_KEY) or {}
         except ValueError:
@@ -521,7 +527,7 @@ def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) ->
 
     if not _is_delta(spark, path):
         return None
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 20").select(
+    history = spark.sql(f"DESCRIBE HISTORY {path_table(path)} LIMIT 20").select(
         "operation", "userMetadata", "operationMetrics").collect()
     for commit in history:
         if commit["operation"] not in ("MERGE", "WRITE") or not commit["userMetadata"]:

@@ -35,9 +35,9 @@ def _latest(spark: SparkSession, path: str) -> dict[str, Any] | None:
 
     if not _is_delta(spark, path):
         return None
-    from ..mirroring.delta import absolute_path
+    from ..mirroring.delta import absolute_path, path_table
 
-    rows = spark.sql(f"DESCRIBE HISTORY delta.`{absolute_path(path).replace('`', '``')}` LIMIT 50").select(
+    rows = spark.sql(f"DESCRIBE HISTORY {path_table(absolute_path(path))} LIMIT 50").select(
         "userMetadata").collect()
     for row in rows:
         try:

@@ -399,8 +399,9 @@ def drop_saved_open_rows(spark: SparkSession, path: str, before: int | None) -> 
     reads stay until the next run has saved its own.
     """
     from ..capture import _is_delta
+    from ..mirroring.delta import path_table
 
     if before is None or not _is_delta(spark, path):
         return
     # A DELETE whose files all skip by their _run_hi statistics commits nothing.
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE _run_hi < {int(before)}")
+    spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(before)}")

@@ -220,16 +220,16 @@ def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
 
 
 def test_schema_changes_add_widen_keep_dropped_and_renamed_columns(spark, tmp_path):
-    root = str(tmp_path / "target")
-    v1 = b.relation(3, "public", "s", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b", TEXT, -1)])
+    root = str(tmp_path / "target")  # a table name with a backtick: its path goes into Delta's SQL
+    v1 = b.relation(3, "public", "s`q", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b", TEXT, -1)])
     first = _txn(800, 1000, v1, b.insert(3, _t(1, 10, "b1")), b.insert(3, _t(2, 20, "b2")))
     run_apply(spark, _frame(spark, first), root)
     # a widens to bigint, b is renamed to c, a new column d appears.
-    v2 = b.relation(3, "public", "s", "d", [(1, "id", INT4, -1), (0, "a", INT8, -1), (0, "c", TEXT, -1),
+    v2 = b.relation(3, "public", "s`q", "d", [(1, "id", INT4, -1), (0, "a", INT8, -1), (0, "c", TEXT, -1),
                                             (0, "d", INT4, -1)])
     second = _txn(801, 2000, v2, b.insert(3, _t(3, 2**40, "c3", 3)), b.update(3, _t(1, 11, "c1", 1)))
     run_apply(spark, _frame(spark, first + second), root)
-    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "s"))
+    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "s`q"))
     types = {f.name: f.dataType for f in frame.schema.fields}
     assert types == {"id": T.IntegerType(), "a": T.LongType(), "b": T.StringType(), "c": T.StringType(),
                      "d": T.IntegerType()}

@@ -88,6 +88,8 @@ def test_config_errors_name_file_and_key(tmp_path):
     conf.write_text("changes:\n  skip_origins: [upstream, other]\n")
     assert load_config(conf).changes.skip_origins == ("upstream", "other")
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"
+    # The embedded default and the file that shows it say the same.
+    assert load_config(ROOT / "conf" / "local.yaml").spark.conf == load_config(None).spark.conf
     conf.write_text("apply:\n  parallelism: two\n")
     with pytest.raises(ConfigError, match=r"apply.parallelism must be int, got 'two'"):
         load_config(conf)

@@ -43,6 +43,8 @@ def restore_spark_conf(spark: SparkSession) -> Iterator[SparkSession]:
     before = dict(spark.conf.getAll)
     yield spark
     for key, value in spark.conf.getAll.items():
+        if not spark.conf.isModifiable(key):  # a setting of the running JVM (its Java options):
+            continue  # recorded by getOrCreate, without effect, and Spark refuses to set it back
         if key not in before:
             spark.conf.unset(key)
         elif before[key] != value:

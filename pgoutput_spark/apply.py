@@ -343,7 +343,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     if lo is not None:
         window = window.where(F.col("seq") > lo)
     # Tuples deferred to the table tasks: the run caches and moves one binary per change.
-    decoded = decode(window, on_error=on_error, tuples=False,
+    decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
     # Source column names may differ only in case ("id", "Id"): resolve names exactly while
     # this run builds and merges its frames (the child sessions copy the setting).
@@ -585,7 +585,7 @@ class _Rebuild:
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
         """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
         everything = decode(self.capture.where(F.col("seq") <= hi), on_error=self.on_error,
-                            tuples=False).persist()
+                            tuples=False, positions=ScanState()).persist()
         assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
         committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []

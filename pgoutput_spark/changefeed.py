@@ -138,7 +138,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     if lo is not None:
         window = window.where(F.col("seq") > lo)
     decoded = decode(window, on_error=on_error, tuples=False,  # decoded in the table tasks
-                     initially_in_stream=scan_in.last_stream_xid is not None).persist()
+                     positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
     say = progress or (lambda line: None)
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if started else ""))

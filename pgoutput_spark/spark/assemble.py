@@ -48,6 +48,10 @@ BROADCAST_BLOCKS = 1_000_000
 #: shuffles every message of the run, nested change rows and all (1.5 GB for a million).
 LOOKUP_LIMIT = 5_000_000
 
+#: What the scan adds to each message; `pgoutput_spark.spark.decode.decode` adds them itself
+#: when given the scan's start (``positions``), which spares the scan a pass and a copy.
+POSITION_COLUMNS = ("block_seq", "top_xid")
+
 #: Messages per bucket of the windowed carry-forward scan (runs above `LOOKUP_LIMIT`). Each
 #: bucket's window is one sort in one task, so buckets must be small enough for every core to
 #: get some: a million-message run in one bucket spent 23 s in the driver-side assembly steps,
@@ -61,6 +65,50 @@ class ScanState:
 
     last_begin_seq: int | None = None  # the open Begin / Begin Prepare block, if any
     last_stream_xid: int | None = None  # top xid of the open stream block, if any
+
+
+@dataclass(frozen=True)
+class Boundaries:
+    """Sorted seqs of a run's Begin / Begin Prepare messages and of its Stream Start messages
+    (with their xids), and the state carried in: each message finds its last ones by binary
+    search. Small enough to broadcast up to `LOOKUP_LIMIT` of them."""
+
+    begins: np.ndarray
+    starts: np.ndarray
+    start_xids: np.ndarray
+    carry: ScanState
+
+    @classmethod
+    def of(cls, seq: np.ndarray, is_start: np.ndarray, xid: np.ndarray, carry: ScanState) -> "Boundaries":
+        """From the (seq, is Stream Start, its xid) of the run's Begin, Begin Prepare and Stream
+        Start messages, in any order."""
+        seq, is_start = np.asarray(seq, dtype=np.int64), np.asarray(is_start, dtype=bool)
+        order = np.argsort(seq[is_start], kind="stable")
+        return cls(np.sort(seq[~is_start]), seq[is_start][order],
+                   np.asarray(xid)[is_start][order].astype(np.int64), carry)
+
+    @property
+    def size(self) -> int:
+        return int(self.begins.size + self.starts.size)
+
+    @staticmethod
+    def _last(at: np.ndarray, keys: np.ndarray, values: np.ndarray,
+              carry: int | None) -> tuple[np.ndarray, np.ndarray]:
+        i = np.searchsorted(keys, at, side="right") - 1
+        out = values[np.maximum(i, 0)] if keys.size else np.zeros(len(at), np.int64)
+        valid = i >= 0
+        if carry is not None:
+            out = np.where(valid, out, carry)
+            valid = np.ones(len(at), bool)
+        return out, valid
+
+    def last_begin(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The seq of the last Begin / Begin Prepare at or before each ``seq``, and where there is one."""
+        return self._last(seq, self.begins, self.begins, self.carry.last_begin_seq)
+
+    def last_start_xid(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The xid of the last Stream Start at or before each ``seq``, and where there is one."""
+        return self._last(seq, self.starts, self.start_xids, self.carry.last_stream_xid)
 
 
 @dataclass
@@ -168,30 +216,23 @@ def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, D
     seq column goes through a Python worker."""
     found = messages.where(_is_begin() | _is_start()).select(
         "seq", _is_start().alias("is_start"), F.col("stream_start.xid").alias("xid")).toArrow()
-    seq = found.column("seq").to_numpy()
-    is_start = found.column("is_start").to_numpy(zero_copy_only=False).astype(bool)
-    xid = found.column("xid").to_numpy(zero_copy_only=False)
-    begins = np.sort(seq[~is_start])
-    order = np.argsort(seq[is_start], kind="stable")
-    starts, start_xids = seq[is_start][order], xid[is_start][order].astype(np.int64)
-    shared = messages.sparkSession.sparkContext.broadcast(
-        (begins, starts, start_xids, start.last_begin_seq, start.last_stream_xid))
+    bounds = Boundaries.of(found.column("seq").to_numpy(),
+                           found.column("is_start").to_numpy(zero_copy_only=False),
+                           found.column("xid").to_numpy(zero_copy_only=False), start)
+    shared = messages.sparkSession.sparkContext.broadcast(bounds)
 
-    def last_at(at: pd.Series, keys: np.ndarray, values: np.ndarray, carry: int | None) -> pd.Series:
-        i = np.searchsorted(keys, at.to_numpy(), side="right") - 1
-        out = pd.array(values[np.maximum(i, 0)] if keys.size else np.zeros(len(at), np.int64), dtype="Int64")
-        out[i < 0] = pd.NA if carry is None else carry
-        return pd.Series(out, index=at.index)
+    def series(values: np.ndarray, valid: np.ndarray, index: pd.Index) -> pd.Series:
+        out = pd.array(values, dtype="Int64")
+        out[~valid] = pd.NA
+        return pd.Series(out, index=index)
 
     @pandas_udf("long")  # type: ignore[call-overload]
     def last_begin(at: pd.Series) -> pd.Series:
-        begins, _, _, carry, _ = shared.value
-        return last_at(at, begins, begins, carry)
+        return series(*shared.value.last_begin(at.to_numpy()), at.index)
 
     @pandas_udf("long")  # type: ignore[call-overload]
     def last_start_xid(at: pd.Series) -> pd.Series:
-        _, starts, xids, _, carry = shared.value
-        return last_at(at, starts, xids, carry)
+        return series(*shared.value.last_start_xid(at.to_numpy()), at.index)
 
     return last_begin(F.col("seq")), last_start_xid(F.col("seq")), messages
 
@@ -203,8 +244,12 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *, rows_per_bucket
 
     Runs with up to ``lookup_limit`` Begin and Stream Start messages find each message's
     last ones by a lookup; larger runs by a window per seq bucket (``rows_per_bucket``).
+    Messages that have them already (`decode` with ``positions=start``, the same ``start``)
+    are returned as they are.
     """
     summary = _summary(messages, start)
+    if set(POSITION_COLUMNS) <= set(messages.columns):  # `decode(positions=start)` found them
+        return messages, summary.end, summary.begins
     if summary.boundaries <= lookup_limit:
         begin, xid, rows = _by_lookup(messages, start)
     else:
@@ -311,9 +356,11 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     spark = decoded.sparkSession
     messages = decoded.where(F.col("error").isNull())
     scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit)
+    decoded_columns = [c for c in decoded.columns if c not in POSITION_COLUMNS]
     if pending is not None:
         scanned = scanned.unionByName(pending.select(*scanned.columns))
-    scanned = scanned.persist()
+    if not set(POSITION_COLUMNS) <= set(decoded.columns):  # else its uses read ``decoded`` (cached)
+        scanned = scanned.persist()
     controls = _controls(scanned)
     ledger = resolve(controls, _first_changes(scanned, controls))
     outcomes, discards = _outcomes(spark, ledger)
@@ -367,12 +414,12 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
         F.col("top_xid").alias("txn_xid"),
         F.col("s_origin").alias("txn_origin"),
     )
-    keep = [*decoded.columns, "block_seq", "top_xid", "outcome", "commit_seq", "commit_lsn",
+    keep = [*decoded_columns, *POSITION_COLUMNS, "outcome", "commit_seq", "commit_lsn",
             "commit_ts", "txn_xid", "txn_origin"]
     rows = block_rows.select(*keep).unionByName(stream_rows.select(*keep))
     # Open transactions carry over whatever their origin: their fate is still to come.
     open_rows = rows.where(F.col("outcome").isin(Outcome.OPEN.value, Outcome.PREPARED.value)).select(
-        *decoded.columns, "block_seq", "top_xid")
+        *decoded_columns, *POSITION_COLUMNS)
     taking_effect = rows.where(F.col("outcome") == "committed")
     if skip_origins:
         taking_effect = taking_effect.where(

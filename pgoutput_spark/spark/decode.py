@@ -4,10 +4,12 @@ Two passes over the capture:
 
 1. a cheap scan of the first byte of each message (past any XLogData frame)
    keeps only Stream Start / Stop messages; their seqs are collected and
-   broadcast (`StreamEvents`: two numbers per streamed chunk);
+   broadcast (`StreamEvents`: two numbers per streamed chunk); with
+   ``positions``, also the Begin / Begin Prepare seqs and Stream Start xids
+   (`Boundaries`: one number per transaction or stream segment);
 2. ``mapInArrow`` decodes each Arrow batch with the vectorized decoder, looking
-   up each row's stream state in the broadcast events, so a stream block can
-   span partitions and files in any layout.
+   up each row's stream state (and its block and stream) in the broadcast
+   events, so a stream block can span partitions and files in any layout.
 
 Nothing else reaches the driver, and a task holds one Arrow batch
 (``spark.sql.execution.arrow.maxRecordsPerBatch`` messages) at a time.
@@ -20,8 +22,10 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..capture import CaptureColumns
@@ -30,6 +34,7 @@ from ..decoder.protocol import XLOGDATA_HEADER_SIZE, XLOGDATA_TYPE, MessageType
 from ..decoder.schema import DECODED_SCHEMA
 from ..decoder.stream import StreamEvents
 from ..errors import ConfigError
+from .assemble import IN_BLOCK_TYPES, LOOKUP_LIMIT, POSITION_COLUMNS, Boundaries, ScanState
 
 OnError = Literal["fail", "quarantine"]
 
@@ -46,19 +51,71 @@ def _type_byte(data: F.Column, framing: Framing) -> F.Column:
     return F.when(first == XLOGDATA_TYPE, inner).otherwise(first)
 
 
+def _after_type_byte(data: F.Column, framing: Framing, length: int) -> F.Column:
+    """The ``length`` bytes after the message type byte (past an XLogData frame when allowed)."""
+    plain = F.substring(data, 2, length)
+    if framing == "none":
+        return plain
+    framed = F.substring(data, XLOGDATA_HEADER_SIZE + 2, length)
+    return F.when(F.conv(F.hex(F.substring(data, 1, 1)), 16, 10).cast("int") == XLOGDATA_TYPE,
+                  framed).otherwise(plain)
+
+
+def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
+                positions: ScanState | None) -> tuple[StreamEvents, Boundaries | None]:
+    """The seqs of all Stream Start / Stop messages of a canonical capture; with ``positions``,
+    also its Begin / Begin Prepare seqs and Stream Start xids (`Boundaries`), or None when
+    there are more than `LOOKUP_LIMIT` (the scan then takes a window instead)."""
+    kind = _type_byte(capture["data"], framing)
+    wanted = [int(MessageType.STREAM_START), int(MessageType.STREAM_STOP)]
+    columns = [F.col("seq"), F.col("lsn"), kind.alias("type_byte")]
+    if positions is not None:
+        wanted += [int(MessageType.BEGIN), int(MessageType.BEGIN_PREPARE)]
+        columns.append(_after_type_byte(capture["data"], framing, 4).alias("xid_bytes"))
+    events = capture.select(*columns).where(F.col("type_byte").isin(*wanted)).toArrow()
+    seq, type_byte = events.column("seq").to_numpy(), events.column("type_byte").to_numpy()
+    stream = StreamEvents.from_messages(seq, type_byte, events.column("lsn").to_numpy(),
+                                        initially_in_stream=initially_in_stream)
+    if positions is None:
+        return stream, None
+    keep = type_byte != MessageType.STREAM_STOP
+    if int(keep.sum()) > LOOKUP_LIMIT:
+        return stream, None
+    is_start = type_byte[keep] == MessageType.STREAM_START
+    raw = events.column("xid_bytes").filter(pa.array(keep))
+    # A Stream Start's xid (uint32, network order); a malformed one, whose decoding fails, has none.
+    xid = np.array([int.from_bytes(v, "big") if start and v is not None and len(v) == 4 else -1
+                    for v, start in zip(raw.to_pylist(), is_start)] if is_start.any() else
+                   np.full(int(keep.sum()), -1), dtype=np.int64)
+    return stream, Boundaries.of(seq[keep], is_start, xid, positions)
+
+
 def stream_events(capture: DataFrame, *, framing: Framing = "auto",
                   initially_in_stream: bool = False) -> StreamEvents:
     """First pass: the seqs of all Stream Start / Stop messages of a canonical capture."""
-    kind = _type_byte(capture["data"], framing)
-    events = (
-        capture.select("seq", "lsn", kind.alias("type_byte"))
-        .where(F.col("type_byte").isin(int(MessageType.STREAM_START), int(MessageType.STREAM_STOP)))
-        .toArrow()
-    )
-    return StreamEvents.from_messages(
-        events.column("seq").to_numpy(), events.column("type_byte").to_numpy(),
-        events.column("lsn").to_numpy(), initially_in_stream=initially_in_stream,
-    )
+    return _first_pass(capture, framing, initially_in_stream, None)[0]
+
+
+def _positions(batch: pa.RecordBatch, bounds: Boundaries) -> list[pa.Array]:
+    """``block_seq`` and ``top_xid`` of a decoded batch, as `pgoutput_spark.spark.assemble.scan`
+    gives them: the last Begin's seq for a message inside a Begin block, the last Stream
+    Start's xid for one inside a stream block, and a stream control message's own xid."""
+    seq = batch.column("seq").to_numpy()
+    kind = batch.column("message_type")
+    in_stream = batch.column("in_stream").fill_null(False)
+    non_transactional = pc.and_(pc.equal(kind, "message"),
+                                pc.invert(batch.column("message").field("transactional")))
+    in_block = pc.and_(pc.and_(pc.invert(in_stream), pc.is_in(kind, pa.array(IN_BLOCK_TYPES))),
+                       pc.invert(non_transactional.fill_null(False)))
+    begin, has_begin = bounds.last_begin(seq)
+    block_seq = pa.array(begin, mask=~(np.asarray(in_block.fill_null(False)) & has_begin))
+    xid, has_xid = bounds.last_start_xid(seq)
+    own = pc.coalesce(batch.column("stream_start").field("xid"), batch.column("stream_commit").field("xid"),
+                      batch.column("stream_abort").field("xid"),
+                      pc.if_else(pc.equal(kind, "stream_prepare"), batch.column("prepare").field("xid"),
+                                 pa.nulls(len(seq), pa.int64())))
+    top_xid = pc.if_else(in_stream, pa.array(xid, mask=~has_xid), own)
+    return [block_seq, top_xid]
 
 
 def decode(
@@ -69,6 +126,7 @@ def decode(
     framing: Framing = "auto",
     initially_in_stream: bool = False,
     tuples: bool = True,
+    positions: ScanState | None = None,
 ) -> DataFrame:
     """Decode a capture DataFrame into one typed row per message.
 
@@ -83,6 +141,12 @@ def decode(
     conversion (`pgoutput_spark.assemble.typed.typed_changes`) decodes them
     again where they are needed. The apply job decodes so: Spark moves one
     binary value per change instead of about 40 nested ones.
+    ``positions``, the `ScanState` the slice starts in, adds ``block_seq`` and
+    ``top_xid`` as `pgoutput_spark.spark.assemble.scan` would (then given the
+    same state): the first pass collects the Begin and Stream Start positions
+    with the Stream Start / Stop ones, and the scan needs no pass of its own
+    (nor a second cached copy of the messages). Not for slices with more than
+    `LOOKUP_LIMIT` Begin and Stream Start messages, which the scan windows.
     """
     if on_error not in ("fail", "quarantine"):
         raise ConfigError(f"on_error must be 'fail' or 'quarantine', got {on_error!r}")
@@ -90,12 +154,14 @@ def decode(
         raise ConfigError(f"framing must be 'auto', 'none' or 'xlogdata', got {framing!r}")
     canonical = (columns or CaptureColumns()).select(capture)
     has_xid = "xid" in canonical.columns
-    events = stream_events(canonical, framing=framing, initially_in_stream=initially_in_stream)
-    shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start))
+    events, bounds = _first_pass(canonical, framing, initially_in_stream, positions)
+    shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start, bounds))
     fail = on_error == "fail"
+    schema = DECODED_SPARK_SCHEMA if bounds is None else T.StructType(
+        [*DECODED_SPARK_SCHEMA.fields, *(T.StructField(c, T.LongType()) for c in POSITION_COLUMNS)])
 
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        event_seq, event_is_start = shared.value
+        event_seq, event_is_start, bounds = shared.value
         stream = StreamEvents(event_seq, event_is_start)
         for batch in batches:
             seq = batch.column("seq").to_numpy(zero_copy_only=False)
@@ -111,9 +177,14 @@ def decode(
             if fail and decoded.error_rows.size:
                 rows = decoded.error_rows
                 raise decoded.error(int(rows[np.argmin(seq[rows])]))
-            yield decoded.batch
+            if bounds is None:
+                yield decoded.batch
+            else:
+                out = decoded.batch
+                yield pa.RecordBatch.from_arrays([*out.columns, *_positions(out, bounds)],
+                                                 names=[*out.schema.names, *POSITION_COLUMNS])
 
-    return canonical.mapInArrow(decode_partition, DECODED_SPARK_SCHEMA)
+    return canonical.mapInArrow(decode_partition, schema)
 
 
 def quarantined(decoded: DataFrame) -> DataFrame:

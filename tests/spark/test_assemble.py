@@ -68,15 +68,24 @@ def _committed_in_order(assembled):
 #: The two ways a scan finds each message's block and stream: a lookup in the run's Begin and
 #: Stream Start seqs (runs up to LOOKUP_LIMIT of them), or a window per seq bucket (larger runs;
 #: small buckets here, so that carries cross them).
-SCANS = pytest.mark.parametrize("scan", [{}, {"lookup_limit": 0, "rows_per_bucket": 50}],
-                                ids=["lookup", "window"])
+#: Or `decode` finds them itself when given the scan's start (``positions``).
+SCANS = pytest.mark.parametrize("scan", [{}, {"lookup_limit": 0, "rows_per_bucket": 50}, {"positions": True}],
+                                ids=["lookup", "window", "decode"])
+
+
+def _decode(frame, scan, state=ScanState(), **kwargs):
+    return decode(frame, positions=state if scan.get("positions") else None, **kwargs)
+
+
+def _assemble(decoded, scan, state=ScanState(), **kwargs):
+    return assemble(decoded, state, **{k: v for k, v in scan.items() if k != "positions"}, **kwargs)
 
 
 @SCANS
 def test_committed_changes_equal_test_decoding(spark, captured, scan):
     messages, oracle = captured
-    decoded = decode(_frame(spark, messages))
-    assembled = assemble(decoded, **scan)
+    decoded = _decode(_frame(spark, messages), scan)
+    assembled = _assemble(decoded, scan)
     rows = decoded.orderBy("seq").collect()
     ours = _as_oracle(spark, rows, _committed_in_order(assembled))
     assert ours == _oracle(oracle)
@@ -101,9 +110,9 @@ def test_runs_cut_anywhere_carry_open_transactions(spark, captured, scan):
     decoded_all = []
     for lo, hi in zip(bounds, bounds[1:]):
         part = _frame(spark, messages[lo:hi])
-        decoded = decode(part, initially_in_stream=state.last_stream_xid is not None)
+        decoded = _decode(part, scan, state, initially_in_stream=state.last_stream_xid is not None)
         decoded_all += decoded.collect()
-        assembled = assemble(decoded, state, pending=pending, **scan)
+        assembled = _assemble(decoded, scan, state, pending=pending)
         committed += assembled.committed.collect()
         state = assembled.end_state
         pending = spark.createDataFrame(assembled.open_rows.collect(), assembled.open_rows.schema)
@@ -114,11 +123,41 @@ def test_runs_cut_anywhere_carry_open_transactions(spark, captured, scan):
     assert len({r["seq"] for r in committed}) == len(committed)
 
 
+def test_decode_finds_each_messages_block_and_stream_as_the_scan_does(spark, captured):
+    from pgoutput_spark.spark.assemble import scan
+
+    messages, _ = captured
+    state, blocks, streams = ScanState(), 0, 0
+    for lo, hi in [(0, 5), (5, 40), (40, 300), (300, 301), (301, 700), (700, len(messages))]:
+        part = _frame(spark, messages[lo:hi])
+        stream = state.last_stream_xid is not None
+        scanned, end, _ = scan(decode(part, initially_in_stream=stream).where(F.col("error").isNull()), state)
+        found = decode(part, initially_in_stream=stream, positions=state)
+        expected = sorted(tuple(r) for r in scanned.select("seq", "block_seq", "top_xid").collect())
+        assert sorted(tuple(r) for r in found.select("seq", "block_seq", "top_xid").collect()) == expected
+        blocks += sum(r[1] is not None for r in expected)
+        streams += sum(r[2] is not None for r in expected)
+        state = end
+    assert blocks > 10 and streams > 10  # both kinds, carried across the cuts
+
+
+def test_past_the_lookup_limit_decode_leaves_the_positions_to_the_scan(spark, captured, monkeypatch):
+    from pgoutput_spark.spark import decode as decoding
+
+    messages, oracle = captured
+    monkeypatch.setattr(decoding, "LOOKUP_LIMIT", 10)  # the capture has more Begin / Stream Start
+    decoded = decode(_frame(spark, messages), positions=ScanState())
+    assert "block_seq" not in decoded.columns and "top_xid" not in decoded.columns
+    ours = _as_oracle(spark, decoded.orderBy("seq").collect(),
+                      _committed_in_order(assemble(decoded, lookup_limit=0, rows_per_bucket=50)))
+    assert ours == _oracle(oracle)
+
+
 @SCANS
 def test_committed_rows_carry_commit_metadata(spark, captured, scan):
     messages, _ = captured
-    decoded = decode(_frame(spark, messages))
-    committed = assemble(decoded, **scan).committed
+    decoded = _decode(_frame(spark, messages), scan)
+    committed = _assemble(decoded, scan).committed
     missing = committed.where(F.col("commit_lsn").isNull() | F.col("commit_ts").isNull()
                               | F.col("txn_xid").isNull() | F.col("commit_seq").isNull())
     assert missing.count() == 0

@@ -65,7 +65,12 @@ def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
                 positions: ScanState | None) -> tuple[StreamEvents, Boundaries | None]:
     """The seqs of all Stream Start / Stop messages of a canonical capture; with ``positions``,
     also its Begin / Begin Prepare seqs and Stream Start xids (`Boundaries`), or None when
-    there are more than `LOOKUP_LIMIT` (the scan then takes a window instead)."""
+    there are more than `LOOKUP_LIMIT` (the scan then takes a window instead).
+
+    Positions come from type bytes: a Begin or Stream Start that fails to decode (kept in
+    quarantine) still begins its block or stream, so that the messages after it are taken
+    for no other transaction's.
+    """
     kind = _type_byte(capture["data"], framing)
     wanted = [int(MessageType.STREAM_START), int(MessageType.STREAM_STOP)]
     columns = [F.col("seq"), F.col("lsn"), kind.alias("type_byte")]
@@ -82,11 +87,11 @@ def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
     if int(keep.sum()) > LOOKUP_LIMIT:
         return stream, None
     is_start = type_byte[keep] == MessageType.STREAM_START
-    raw = events.column("xid_bytes").filter(pa.array(keep))
-    # A Stream Start's xid (uint32, network order); a malformed one, whose decoding fails, has none.
-    xid = np.array([int.from_bytes(v, "big") if start and v is not None and len(v) == 4 else -1
-                    for v, start in zip(raw.to_pylist(), is_start)] if is_start.any() else
-                   np.full(int(keep.sum()), -1), dtype=np.int64)
+    # A Stream Start's xid: a uint32 in network order (-1 for a message too short to hold one).
+    xid = np.full(is_start.size, -1, dtype=np.int64)
+    xid[is_start] = [int.from_bytes(v, "big") if v is not None and len(v) == 4 else -1
+                     for v in events.column("xid_bytes").filter(pa.array(keep)).filter(
+                         pa.array(is_start)).to_pylist()]
     return stream, Boundaries.of(seq[keep], is_start, xid, positions)
 
 

@@ -87,10 +87,6 @@ class Boundaries:
         return cls(np.sort(seq[~is_start]), seq[is_start][order],
                    np.asarray(xid)[is_start][order].astype(np.int64), carry)
 
-    @property
-    def size(self) -> int:
-        return int(self.begins.size + self.starts.size)
-
     @staticmethod
     def _last(at: np.ndarray, keys: np.ndarray, values: np.ndarray,
               carry: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +116,7 @@ class Assembled:
     messages: DataFrame  # logical messages that took effect (or were non-transactional)
     ledger: Ledger
     end_state: ScanState
-    scanned: DataFrame  # persisted while the result is used: call `release` when done
+    scanned: DataFrame  # persisted (unless `decode` added the positions): call `release` when done
 
     def release(self) -> None:
         self.scanned.unpersist()

@@ -42,23 +42,20 @@ OnError = Literal["fail", "quarantine"]
 DECODED_SPARK_SCHEMA = from_arrow_schema(DECODED_SCHEMA)
 
 
-def _type_byte(data: F.Column, framing: Framing) -> F.Column:
-    """The message type byte as an int, looking past an XLogData frame when allowed."""
-    first = F.conv(F.hex(F.substring(data, 1, 1)), 16, 10).cast("int")
-    if framing == "none":
-        return first
-    inner = F.conv(F.hex(F.substring(data, XLOGDATA_HEADER_SIZE + 1, 1)), 16, 10).cast("int")
-    return F.when(first == XLOGDATA_TYPE, inner).otherwise(first)
-
-
-def _after_type_byte(data: F.Column, framing: Framing, length: int) -> F.Column:
-    """The ``length`` bytes after the message type byte (past an XLogData frame when allowed)."""
-    plain = F.substring(data, 2, length)
+def _message_bytes(data: F.Column, framing: Framing, start: int, length: int) -> F.Column:
+    """``length`` bytes of the message from its byte ``start`` (1-based), past an XLogData
+    frame when allowed."""
+    plain = F.substring(data, start, length)
     if framing == "none":
         return plain
-    framed = F.substring(data, XLOGDATA_HEADER_SIZE + 2, length)
-    return F.when(F.conv(F.hex(F.substring(data, 1, 1)), 16, 10).cast("int") == XLOGDATA_TYPE,
-                  framed).otherwise(plain)
+    framed = F.substring(data, XLOGDATA_HEADER_SIZE + start, length)
+    first = F.conv(F.hex(F.substring(data, 1, 1)), 16, 10).cast("int")
+    return F.when(first == XLOGDATA_TYPE, framed).otherwise(plain)
+
+
+def _type_byte(data: F.Column, framing: Framing) -> F.Column:
+    """The message type byte as an int, looking past an XLogData frame when allowed."""
+    return F.conv(F.hex(_message_bytes(data, framing, 1, 1)), 16, 10).cast("int")
 
 
 def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
@@ -76,7 +73,7 @@ def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
     columns = [F.col("seq"), F.col("lsn"), kind.alias("type_byte")]
     if positions is not None:
         wanted += [int(MessageType.BEGIN), int(MessageType.BEGIN_PREPARE)]
-        columns.append(_after_type_byte(capture["data"], framing, 4).alias("xid_bytes"))
+        columns.append(_message_bytes(capture["data"], framing, 2, 4).alias("xid_bytes"))  # after the type
     events = capture.select(*columns).where(F.col("type_byte").isin(*wanted)).toArrow()
     seq, type_byte = events.column("seq").to_numpy(), events.column("type_byte").to_numpy()
     stream = StreamEvents.from_messages(seq, type_byte, events.column("lsn").to_numpy(),

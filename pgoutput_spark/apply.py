@@ -64,6 +64,7 @@ from .mirroring.delta import (
     merge,
     mirror_path,
     path_table,
+    txn_append,
     net_frame,
     quote,
     plan_schema,
@@ -176,11 +177,6 @@ class Lease:
     hi: int | None
     scan: ScanState
     applied_lsn: int | None
-
-
-def _txn_write(frame: DataFrame, path: str, app_id: str, version: int) -> None:
-    (frame.write.format("delta").mode("append").option("mergeSchema", "true")
-     .option("txnAppId", app_id).option("txnVersion", version).save(path))
 
 
 class Ledger:
@@ -440,7 +436,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 names = _catalog_names(spark, table_name, history, plans)
         if new_meta:
             with _step("save relations"):
-                _txn_write(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
+                txn_append(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
         if relations:
             assert to_lsn is not None
@@ -489,7 +485,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             n_open = assembled.open_rows.count()
             if n_open:  # the next run reads them back by this run's hi
                 open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-                _txn_write(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
+                txn_append(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
             drop_saved_open_rows(ledger.spark, ledger.pending_path, lo)
     finally:
         committed.unpersist()
@@ -498,7 +494,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         bad = quarantined(decoded)
         n_bad = bad.count()
         if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
-            _txn_write(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
+            txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=tuple(excluded))
     with _step("save the run; release the lease"):
@@ -647,7 +643,7 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
             F.lit(since).cast("long").alias("_valid_from_lsn"), F.lit(None).cast("long").alias("_valid_to_lsn"),
             F.lit(None).cast("timestamp").alias("_valid_from_ts"), F.lit(None).cast("timestamp").alias("_valid_to_ts"),
             F.lit(True).alias("_is_current"), F.lit(None).cast("long").alias("_version_seq"))
-        _txn_write(rows, past.path, app_id, since)
+        txn_append(rows, past.path, app_id, since)
     pre = None
     if past.exists or seed:
         if kinds & {"update", "delete", "truncate"}:
@@ -747,7 +743,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                     F.lit(name).alias("table"), F.lit(oid).cast("long").alias("relation_id"),
                     F.col("_seq").alias("seq"), F.col("_op").alias("op"), F.col("_reason").alias("reason"),
                     F.to_json(F.struct(*data)).alias("row"))
-                _txn_write(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
+                txn_append(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
             changes = [a for a in summary if a not in ("skipped", "truncate")]
             counts = {"inserted": 0, "updated": 0, "deleted": 0}
             # Nothing to match: a new mirror (empty whatever the run did), or a multiset taking
@@ -792,9 +788,9 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None
     if result.hi == result.lo:  # a run that only rebuilt tables: its own row, once
-        _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
+        txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
     else:
-        _txn_write(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
+        txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied)
 

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
-from .mirroring.delta import PROPERTIES, absolute_path, mirror_path, path_table, plan_schema
+from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -64,17 +64,6 @@ def _exists(spark: SparkSession, path: str) -> bool:
     from .capture import _is_delta
 
     return _is_delta(spark, path)
-
-
-def _append(frame: DataFrame, path: str, app_id: str, version: int, overwrite: bool = False,
-            properties: dict[str, str] | None = None) -> None:
-    """Append (or overwrite) idempotently; ``properties`` are set on a table this write creates."""
-    writer = (frame.write.format("delta").mode("overwrite" if overwrite else "append")
-              .option("mergeSchema", "true")
-              .option("txnAppId", app_id).option("txnVersion", version))
-    for key, value in (properties or {}).items():
-        writer = writer.option(key, value)
-    writer.save(path)
 
 
 class _State:
@@ -155,7 +144,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
     history.add(versions_from_rows(new_meta))
     if new_meta:
-        _append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
+        txn_append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
     pending = state.pending(lo)
     tuples = carries_tuples(pending)
     assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)
@@ -186,15 +175,15 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                           f"('delta.enableTypeWidening' = 'true')")
             frame = typed_change_frame(committed, relation_id, history, plan.columns,
                                        rows=per_relation[relation_id], tuples=tuples)
-            _append(frame, plan.path, f"{state.pipeline}:changes:{relation_id}", hi,
-                    properties=None if plan.exists else PROPERTIES)
+            txn_append(frame, plan.path, f"{state.pipeline}:changes:{relation_id}", hi,
+                       new_table=not plan.exists)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]
             say(f"table {len(counts)}/{len(per_relation)} written: {latest.namespace}.{latest.name} "
                 f"{per_relation[relation_id]} changes")
         messages = assembled.messages
-        _append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
+        txn_append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
         open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-        _append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
+        txn_append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
         drop_saved_open_rows(spark, state.pending_path, lo)
         n_open = assembled.open_rows.count()
     finally:
@@ -203,7 +192,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     bad = quarantined(decoded)
     n_bad = bad.count()
     if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
-        _append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
+        txn_append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()))

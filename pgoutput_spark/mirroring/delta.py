@@ -502,10 +502,25 @@ def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, versio
     writer = (source.select(*[F.col(quote(c)) for c in spec.columns]).write.format("delta").mode("append")
               .option("txnAppId", app_id).option("txnVersion", version)
               .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True)))
-    if create:  # a new Delta table takes "delta.*" writer options as its table properties
+    _with_properties(writer, create).save(path)
+
+
+def _with_properties(writer: Any, new_table: bool) -> Any:
+    """``writer`` giving a table it creates `PROPERTIES` (Delta takes "delta.*" writer options
+    as a new table's properties)."""
+    if new_table:
         for key, value in PROPERTIES.items():
             writer = writer.option(key, value)
-    writer.save(path)
+    return writer
+
+
+def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False) -> None:
+    """Append ``frame`` to the Delta table at ``path``, merging new columns into its schema, under
+    Delta's transaction identifiers (a redone run writes nothing twice). ``new_table``: the
+    write creates the table, with `PROPERTIES`."""
+    writer = (frame.write.format("delta").mode("append").option("mergeSchema", "true")
+              .option("txnAppId", app_id).option("txnVersion", version))
+    _with_properties(writer, new_table).save(path)
 
 
 def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert import convert, text_type
+from ..convert.dispatch import ARROW_ERRORS, convert, first_failure, text_type
 from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
 from ..lsn import Lsn
@@ -71,9 +71,6 @@ def _only(values: pa.Array, keep: pa.Array) -> pa.Array:
     return pc.if_else(keep, values, pa.nulls(len(values), values.type))
 
 
-_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
-
-
 def _convert_values(value: pa.Array, text: np.ndarray, binary: np.ndarray, version: RelationVersion,
                     history: RelationHistory, j: int, target: pa.DataType) -> pa.Array:
     """Column ``j``'s values as ``target``; ``text`` / ``binary``: the value's format.
@@ -95,19 +92,11 @@ def _convert_values(value: pa.Array, text: np.ndarray, binary: np.ndarray, versi
         return out
     try:
         return out.cast(target)
-    except _CAST_ERRORS as error:
-        lo, n = 0, len(out)  # bisect to the first value that does not cast (error path only)
-        while n > 1:
-            half = n // 2
-            try:
-                out.slice(lo, half).cast(target)
-            except _CAST_ERRORS:
-                n = half
-                continue
-            lo, n = lo + half, n - half
+    except ARROW_ERRORS as error:
+        lo, reason = first_failure(lambda part: part.cast(target), out, len(out) - 1, str(error))
         raise TypeConversionError(
             f"the column has type {target} (its type in another Relation version or in the mirror), "
-            f"which this value does not fit: {error}", type_name=pg_type.display_name,
+            f"which this value does not fit: {reason}", type_name=pg_type.display_name,
             format="binary" if binary[lo] else "text", value=value[lo].as_py(), index=lo) from error
 
 

@@ -25,7 +25,7 @@ from .oids import BuiltinArrayType
 from .pgtype import PgType
 from .raw import RawValues, ValueFailure
 
-__all__ = ["arrow_type", "convert", "text_type", "widens"]
+__all__ = ["ARROW_ERRORS", "arrow_type", "convert", "first_failure", "text_type", "widens"]
 
 Format = Literal["text", "binary"]
 Run = Callable[[pa.Array], pa.Array]
@@ -36,7 +36,7 @@ CODECS: dict[int, Codec] = {
 }  # fmt: skip
 
 # what pyarrow raises for a value it can't cast (overflow, bad digits, invalid UTF-8, ...)
-_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
 
 def _codec(t: PgType) -> Codec:
@@ -124,9 +124,9 @@ def convert(
         return run(values)
     except ValueFailure as failure:
         suspect, reason = failure.index, failure.reason
-    except _ARROW_ERRORS as error:
+    except ARROW_ERRORS as error:
         suspect, reason = len(values) - 1, str(error)
-    index, reason = _first_failure(run, values, suspect, reason)
+    index, reason = first_failure(run, values, suspect, reason)
     raise _error(t, format, values, index, reason)
 
 
@@ -164,7 +164,7 @@ def _elements_converter(format: Format, as_text: bool) -> Callable[[pa.Array, Pg
     return convert_elements
 
 
-def _first_failure(run: Run, values: pa.Array, suspect: int, reason: str) -> tuple[int, str]:
+def first_failure(run: Run, values: pa.Array, suspect: int, reason: str) -> tuple[int, str]:
     """The first value at or before `suspect` whose conversion fails, and its error.
 
     Bisects over slices of ``values[: suspect + 1]`` (every check is per
@@ -176,7 +176,7 @@ def _first_failure(run: Run, values: pa.Array, suspect: int, reason: str) -> tup
             run(values.slice(start, length))
         except ValueFailure as failure:
             return failure.reason
-        except _ARROW_ERRORS as error:
+        except ARROW_ERRORS as error:
             return str(error)
         return None
 

@@ -10,6 +10,12 @@ sequential state machine over the *control* messages only (a handful per
 transaction, never the changes), mirroring ``worker.c``:
 
 - Stream Start (first segment) opens an instance of a streamed transaction.
+  If an instance of that xid is still open, its changes are void: the
+  walsender sends a transaction again from its first segment after a
+  reconnect, and the apply worker starts its spool file afresh
+  (``stream_open_file`` with ``first_segment``). A Begin or Begin Prepare of
+  that xid (the transaction sent again whole) voids it too; so does either
+  after an xid wraparound, for an instance whose end never came.
 - Stream Abort with ``subxid == xid`` discards the whole transaction; with a
   subtransaction xid it discards, among the changes received so far, that
   subtransaction's first change and everything after it
@@ -69,6 +75,8 @@ class Txn:
     outcome: Outcome = Outcome.OPEN
     gid: str | None = None
     decided_seq: int | None = None  # seq of the message that decided the outcome
+    last_seq: int | None = None  # where a streamed instance ends if not at decided_seq: before
+    # the start of the transaction sent again
     commit_lsn: int | None = None
     end_lsn: int | None = None
     commit_ts: object | None = None
@@ -102,7 +110,9 @@ def resolve(controls: Iterable[Control],
 
     ``first_change[(top_xid, subxid)]`` lists the seqs of the first change of
     subtransaction ``subxid`` in each streamed instance of ``top_xid`` (in seq
-    order; usually one). Changes themselves are never needed here.
+    order; usually one). Changes themselves are never needed here. Begin and
+    Begin Prepare controls are optional: only those whose xid has a streamed
+    instance open matter (`BEGIN_TYPES`).
     """
     ledger = Ledger()
     streaming: dict[int, int] = {}  # top xid -> index in ledger.txns of its open instance
@@ -112,13 +122,15 @@ def resolve(controls: Iterable[Control],
         ledger.txns[index] = replace(ledger.txns[index], **changes)  # type: ignore[arg-type]
 
     for c in sorted(controls, key=lambda c: c.seq):
+        if c.kind in BEGIN_TYPES or (
+                c.kind is MessageType.STREAM_START and c.first_segment):
+            assert c.xid is not None
+            earlier = streaming.pop(c.xid, None)
+            if earlier is not None:  # sent again from its start: what came before is void
+                decide(earlier, outcome=Outcome.DISCARDED, decided_seq=c.seq, last_seq=c.seq - 1)
         if c.kind is MessageType.STREAM_START:
             assert c.xid is not None
             if c.first_segment:
-                if c.xid in streaming:
-                    raise AssemblyError(
-                        f"Stream Start at seq {c.seq} opens transaction {c.xid} again "
-                        f"while its earlier instance is still open")
                 streaming[c.xid] = len(ledger.txns)
                 ledger.txns.append(Txn(c.xid, c.seq))
             elif c.xid not in streaming:
@@ -179,6 +191,9 @@ def resolve(controls: Iterable[Control],
                 decide(index, outcome=Outcome.DISCARDED, decided_seq=c.seq)
     return ledger
 
+
+#: Optional controls: a transaction's start, sent again whole (see `resolve`).
+BEGIN_TYPES = frozenset({MessageType.BEGIN, MessageType.BEGIN_PREPARE})
 
 #: Message types the state machine reads.
 CONTROL_TYPES = frozenset({

@@ -298,21 +298,51 @@ def _controls(scanned: DataFrame) -> list[Control]:
     return controls
 
 
+def _begins_of_open_streams(scanned: DataFrame, ledger: Ledger) -> list[Control]:
+    """Begin / Begin Prepare controls for the xids of streamed transactions still open after
+    `resolve`, past their first segment: the transaction sent again whole (see `resolve`).
+
+    Only runs that end with a stream open look: most of them find none.
+    """
+    opened = {t.xid: t.first_seq for t in ledger.txns if t.streamed and t.outcome is Outcome.OPEN}
+    if not opened:
+        return []
+    xid = F.coalesce(F.col("begin.xid"), F.col("prepare.xid"))
+    rows = (scanned.where(F.col("message_type").isin("begin", "begin_prepare") & xid.isin(*opened))
+            .select("seq", "message_type", xid.alias("xid")).collect())
+    return [Control(r["seq"], MessageType[r["message_type"].upper()], xid=r["xid"])
+            for r in rows if r["seq"] > opened[r["xid"]]]
+
+
 def _first_changes(scanned: DataFrame, controls: list[Control]) -> dict[tuple[int, int], list[int]]:
-    """Seq of the first streamed change of each aborted subtransaction."""
+    """Seq of the first streamed change of each aborted subtransaction, per instance of its
+    transaction (an instance starts at a first-segment Stream Start: see `resolve`)."""
     pairs = {(c.xid, c.subxid) for c in controls
              if c.kind is MessageType.STREAM_ABORT and c.subxid != c.xid}
     if not pairs:
         return {}
+    big = (1 << 63) - 1
+    starts: dict[int, list[int]] = {}
+    for c in sorted(controls, key=lambda c: c.seq):
+        if c.kind is MessageType.STREAM_START and c.first_segment:
+            starts.setdefault(c.xid, []).append(c.seq)  # type: ignore[arg-type]
+    instances = []
+    for top, sub in sorted(pairs):
+        firsts = starts.get(top, [-big])  # type: ignore[arg-type]
+        instances += [(top, sub, lo, hi) for lo, hi in zip(firsts, [*firsts[1:], big])]
     spark = scanned.sparkSession
-    wanted = spark.createDataFrame(sorted(pairs), "top_xid long, stream_xid long")
+    wanted = spark.createDataFrame(instances, "top_xid long, stream_xid long, i_lo long, i_hi long")
     rows = (
         scanned.where(F.col("in_stream") & F.col("stream_xid").isNotNull())
         .join(F.broadcast(wanted), ["top_xid", "stream_xid"])
-        .groupBy("top_xid", "stream_xid").agg(F.min("seq").alias("first"))
+        .where((F.col("seq") >= F.col("i_lo")) & (F.col("seq") < F.col("i_hi")))
+        .groupBy("top_xid", "stream_xid", "i_lo").agg(F.min("seq").alias("first"))
         .collect()
     )
-    return {(r["top_xid"], r["stream_xid"]): [r["first"]] for r in rows}
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in rows:
+        out.setdefault((r["top_xid"], r["stream_xid"]), []).append(r["first"])
+    return {pair: sorted(firsts) for pair, firsts in out.items()}
 
 
 _OUTCOME_SCHEMA = T.StructType([
@@ -330,7 +360,7 @@ _OUTCOME_SCHEMA = T.StructType([
 def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame]:
     big = (1 << 63) - 1
     rows = [(t.xid, t.first_seq, t.block_seq,
-             t.decided_seq if t.decided_seq is not None else big,
+             t.last_seq if t.last_seq is not None else t.decided_seq if t.decided_seq is not None else big,
              t.outcome.value, t.decided_seq, t.commit_lsn, t.commit_ts) for t in ledger.txns]
     discards = [(d.xid, d.from_seq, d.to_seq) for d in ledger.discards]
     return (spark.createDataFrame(rows, _OUTCOME_SCHEMA),
@@ -358,7 +388,11 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     if not set(POSITION_COLUMNS) <= set(decoded.columns):  # else its uses read ``decoded`` (cached)
         scanned = scanned.persist()
     controls = _controls(scanned)
-    ledger = resolve(controls, _first_changes(scanned, controls))
+    first_changes = _first_changes(scanned, controls)
+    ledger = resolve(controls, first_changes)
+    resent = _begins_of_open_streams(scanned, ledger)
+    if resent:
+        ledger = resolve([*controls, *resent], first_changes)
     outcomes, discards = _outcomes(spark, ledger)
 
     # Plain and prepared blocks: one row per Begin with its end and origin.
@@ -383,7 +417,10 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
         "*",
         F.when(F.col("b_commit_seq").isNotNull(), F.lit("committed"))
         .when(F.col("b_prepare_seq").isNotNull(), F.coalesce(F.col("o_outcome"), F.lit("prepared")))
-        .otherwise(F.lit("open")).alias("outcome"),
+        # Only the run's last block can still end: one that other messages follow was cut off
+        # (its walsender session ended) and is sent again whole, as the apply worker expects.
+        .when(F.col("block_seq") == F.lit(end.last_begin_seq).cast("long"), F.lit("open"))
+        .otherwise(F.lit("discarded")).alias("outcome"),
         F.coalesce(F.col("b_commit_seq"), F.col("o_decided_seq")).alias("commit_seq"),
         F.coalesce(F.col("b_commit_lsn"), F.col("o_commit_lsn")).alias("commit_lsn"),
         F.coalesce(F.col("b_commit_ts"), F.col("o_commit_ts")).alias("commit_ts"),

@@ -52,8 +52,27 @@ def test_prepared_and_not_yet_decided_stays_prepared():
     ([start(1, 10, first=False)], "first segment is not in the capture"),
     ([Control(2, M.STREAM_COMMIT, xid=10)], "never streamed"),
     ([Control(2, M.COMMIT_PREPARED, xid=10, gid="g")], "never prepared"),
-    ([start(1, 10), start(2, 10)], "still open"),
 ])
 def test_inconsistent_streams_are_errors_naming_the_seq(controls, message):
     with pytest.raises(AssemblyError, match=message):
         resolve(controls, {})
+
+
+def test_a_transaction_sent_again_from_its_first_segment_voids_what_came_before():
+    """After a reconnect the walsender streams an unfinished transaction again from its
+    first segment; the apply worker starts its spool afresh (worker.c, stream_open_file)."""
+    ledger = resolve([start(1, 10), start(3, 11), Control(4, M.STREAM_ABORT, xid=10, subxid=12),
+                      start(6, 10), start(8, 10, False), Control(9, M.STREAM_ABORT, xid=10, subxid=12),
+                      Control(12, M.STREAM_COMMIT, xid=10, commit_lsn=99)], {(10, 12): [2, 7]})
+    assert [(t.xid, t.first_seq, t.outcome, t.decided_seq, t.last_seq) for t in ledger.txns] == [
+        (10, 1, Outcome.DISCARDED, 6, 5), (11, 3, Outcome.OPEN, None, None), (10, 6, Outcome.COMMITTED, 12, None)]
+    # Each subtransaction abort cuts its own instance's changes only.
+    assert ledger.discards == [Discard(10, 1, 2, 4), Discard(10, 6, 7, 9)]
+
+
+@pytest.mark.parametrize("kind", [M.BEGIN, M.BEGIN_PREPARE])
+def test_a_transaction_sent_again_whole_voids_its_open_stream(kind):
+    ledger = resolve([Control(1, kind, xid=10), start(2, 10), start(3, 11),
+                      Control(5, M.STREAM_COMMIT, xid=11), Control(6, kind, xid=11), Control(7, kind, xid=10)], {})
+    assert [(t.xid, t.outcome, t.decided_seq) for t in ledger.txns] == [
+        (10, Outcome.DISCARDED, 7), (11, Outcome.COMMITTED, 5)]

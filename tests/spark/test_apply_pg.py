@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
+from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
@@ -451,3 +452,55 @@ def test_column_names_differing_only_in_case(spark, pg15, tmp_path):
     mirrors = _small_case(spark, pg15, tmp_path / "listed", create, *steps,
                           publish='TABLE cased (id, "Name")')
     assert mirrors.schema("public", "cased").fieldNames() == ["id", "Name"]
+
+
+@pytest.mark.parametrize("resent, runs", [("streamed", 1), ("streamed", 2), ("whole", 2)])
+def test_transactions_sent_again_after_a_reconnect_are_applied_once(spark, pg15, tmp_path, resent, runs):
+    """A landing that keeps what a walsender sent before a reconnect as well as after it.
+
+    The first session sends a transaction's first stream segments and part of a plain
+    transaction, then ends; the consumer had confirmed only the transaction before them. The
+    second session (a peek after `pg_replication_slot_advance` to that point) sends the plain
+    one again whole, and streams the unfinished one again from its first segment, or sends it
+    whole at its commit (that session without streaming). The apply worker drops what it had
+    spooled of both; so must the mirrors, in one run or two, and nothing of them stays open.
+    """
+    db = new_database(pg15, "apply_resent")
+    pg15.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE side (id int PRIMARY KEY, v text);"
+                 " CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
+    slot = f"{db}_slot"
+    pg15.create_slot(slot, dbname=db)
+    streaming: dict[str, Any] = {"publications": ["pub_main"], "proto_version": 2, "streaming": "on", "dbname": db}
+    d = Driver(pg15, db)
+    try:
+        d.txn("INSERT INTO side VALUES (1, 'confirmed')")
+        streamed = d.session()
+        pad = "repeat(md5(g::text), 8)"  # 400 rows of it pass logical_decoding_work_mem (64kB)
+        streamed.execute(f"INSERT INTO big SELECT g, {pad} FROM generate_series(1, 400) g")
+        streamed.execute("SAVEPOINT s")
+        streamed.execute(f"INSERT INTO big SELECT g, {pad} FROM generate_series(1000, 1400) g")
+        d.txn("INSERT INTO side VALUES (2, 'cut off'), (3, 'cut off'), (4, 'cut off')")
+        first = pg15.peek_pgoutput(slot, **streaming)
+        streamed.execute("ROLLBACK TO s")
+        streamed.execute("UPDATE big SET pad = 'changed' WHERE id <= 10")
+        d.txn("DELETE FROM big WHERE id > 390", conn=streamed)
+        streamed.close()
+        d.txn("UPDATE side SET v = 'after' WHERE id IN (1, 2)")
+    finally:
+        d.close()
+    kinds = [m.data[:1] for m in first]
+    begins = [i for i, k in enumerate(kinds) if k == b"B"]
+    assert b"S" in kinds and b"c" not in kinds and len(begins) == 2  # the stream is unfinished
+    confirmed = decode_message(first[kinds.index(b"C")].data).end_lsn  # type: ignore[attr-defined]
+    cut = begins[1] + 3  # the second plain transaction's Begin and two of its three inserts
+    pg15.query("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(Lsn(confirmed))), dbname=db)
+    options = streaming if resent == "streamed" else {**streaming, "proto_version": 1, "streaming": None}
+    again = pg15.peek_pgoutput(slot, seq_start=cut, **options)
+    pg15.drop_slot(slot, dbname=db)
+    xid = decode_message(first[kinds.index(b"S")].data).xid  # type: ignore[attr-defined]
+    starts = [decode_message(m.data) for m in again if m.data[:1] == (b"S" if resent == "streamed" else b"B")]
+    # Sent again from its start: one first segment (or one Begin) of it.
+    assert [s.xid for s in starts if getattr(s, "first_segment", True)].count(xid) == 1  # type: ignore[attr-defined]
+    _, results = _apply_and_compare(spark, first[:cut] + again, d.workload, tmp_path, [cut],
+                                    run_after={0} if runs == 2 else set())
+    assert [r.open_rows > 0 for r in results] == [True] * (runs - 1) + [False]

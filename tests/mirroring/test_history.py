@@ -26,7 +26,9 @@ def _table(initial, changes, shuffle):
                      "_commit_lsn": _lsn(c["commit"]), "_commit_ts": epoch + dt.timedelta(seconds=c["commit"]),
                      "_unchanged_toast": c["_unchanged_toast"], **(c["new"] or {})})
     shuffle.shuffle(rows)  # history_changes finds the commit order itself
-    return pa.table({f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in SCHEMA}, schema=SCHEMA)
+    table = pa.table({f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in SCHEMA}, schema=SCHEMA)
+    # In chunks of a few rows, as a task receives them in batches.
+    return pa.Table.from_batches(table.to_batches(max_chunksize=shuffle.randint(1, 4)), schema=SCHEMA)
 
 
 def _merged(initial, out):

@@ -84,7 +84,8 @@ def needed(changes, spec):
 
 
 def to_table(initial, changes, spec, shuffle=None):
-    """The rows `net_changes` gets; ``shuffle`` (a `random.Random`) puts them out of commit order."""
+    """The rows `net_changes` gets; ``shuffle`` (a `random.Random`) puts them out of commit order
+    and cuts them into chunks of a few rows (a task receives them in batches)."""
     pre_keys = needed(changes, spec)
     rows = []
     for r in initial:
@@ -97,7 +98,10 @@ def to_table(initial, changes, spec, shuffle=None):
     if shuffle is not None:
         shuffle.shuffle(rows)
     arrays = {f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in SCHEMA}
-    return pa.table(arrays, schema=SCHEMA)
+    table = pa.table(arrays, schema=SCHEMA)
+    if shuffle is not None:
+        table = pa.Table.from_batches(table.to_batches(max_chunksize=shuffle.randint(1, 4)), schema=SCHEMA)
+    return table
 
 
 small = st.integers(0, 3)

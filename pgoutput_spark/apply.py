@@ -137,6 +137,7 @@ class ApplyResult:
     duration_s: float = 0.0
     excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
     note: str | None = None  # what a bounded (backfill) slice did besides the plain case
+    remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
 
     def render(self) -> str:
         if self.skipped:
@@ -265,7 +266,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               table_name: str | None = None, tables: TablesConfig | None = None,
               history_path: str = DEFAULT_HISTORY_PATH,
               until_seq: int | None = None, until_lsn: int | None = None,
-              slice_where: str | None = None,
+              slice_where: str | None = None, max_messages: int | None = None,
               progress: Callable[[str], None] | None = None,
               rebuild: tuple[str, ...] | list[str] = ()) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
@@ -284,6 +285,12 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     applied yet applies them too (and says so), so slices are safe to re-run,
     to run late and to run out of order.
 
+    ``max_messages`` bounds a run's size: it applies the messages whose seq is
+    below the next message's seq plus ``max_messages`` (at most that many; with
+    gaps in ``seq``, fewer) and says when more remain. A run holds each table's
+    net change in one task, so this keeps a large backlog within what a task
+    can hold: run again (or with ``--until-caught-up``) to continue.
+
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).
 
@@ -295,6 +302,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     cannot be rebuilt this way (re-snapshot it). With nothing new in the
     capture the run rebuilds only.
     """
+    if max_messages is not None and max_messages < 1:
+        raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
@@ -303,6 +312,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     lo = lease.lo
     redone = lease.status == "running"
     note = None
+    remaining = False  # max_messages ends this run before the capture (or its slice) ends
     if redone:  # the previous run died: redo exactly its slice
         assert lease.hi is not None
         hi = lease.hi
@@ -315,6 +325,12 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                                     slice_where)
             if end is not None:
                 newer = newer.where(F.col("seq") <= end)
+            bounded = None  # the run's end by max_messages, where it ends the run before its slice
+            if max_messages is not None:
+                first = newer.agg(F.min("seq")).first()[0]
+                if first is not None and (end is None or first + max_messages - 1 < end):
+                    bounded = first + max_messages - 1
+                    newer = newer.where(F.col("seq") <= bounded)
             hi = newer.agg(F.max("seq")).first()[0]
         if hi is None and rebuild and lo is not None:
             hi = lo  # nothing new: a run that only rebuilds
@@ -329,6 +345,12 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
             note = (f"the target was behind this slice (it held up to "
                     f"{'nothing' if lo is None else f'seq {lo}'}; the slice starts at seq {start}): "
                     f"the rows before the slice were applied too")
+        if bounded is not None:
+            rest = canonical.where(F.col("seq") > hi)
+            remaining = (rest if end is None else rest.where(F.col("seq") <= end)).limit(1).count() > 0
+            if remaining:
+                more = f"more of the capture remains after seq {hi} (max_messages {max_messages}): run again"
+                note = more if note is None else f"{note}; {more}"
     run_id = uuid.uuid4().hex
     with _step("claim the slice"):
         ledger.claim(lease, run_id, hi)
@@ -349,7 +371,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
                       table_path, table_name, tables or TablesConfig(), say, history_path,
                       _Rebuild(canonical, tuple(rebuild), on_error))
-        return dataclasses.replace(result, note=note)
+        return dataclasses.replace(result, note=note, remaining=remaining)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         decoded.unpersist()

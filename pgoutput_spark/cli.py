@@ -135,6 +135,11 @@ def _parser() -> argparse.ArgumentParser:
     bounded.add_argument("--slice-where", metavar="SQL",
                          help="end the slice at the last capture row matching this predicate, "
                               "e.g. \"landed_date = '2026-11-01'\"")
+    apply.add_argument("--max-messages", type=_positive, metavar="N",
+                       help="apply at most N messages after the target's position (a run holds each "
+                            "table's net change in one task); with --until-caught-up, run until none remain")
+    apply.add_argument("--until-caught-up", action="store_true",
+                       help="run again after each bounded run until the capture (or slice) is applied")
     apply.add_argument("--master", help="Spark master (default from the configuration)")
     status = sub.add_parser("status", help="print a target's runs and its consistent read point")
     status.add_argument("--config", help="configuration file (default: built-in defaults)")
@@ -214,15 +219,24 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     from .apply import run_apply
 
     spark, capture, columns = _capture(config)
-    result = run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                       on_error=config.decode.on_error,  # type: ignore[arg-type]
-                       skip_origins=config.changes.skip_origins,
-                       parallelism=args.parallelism or config.apply.parallelism,
-                       table_path=config.apply.table_path, table_name=config.apply.table_name,
-                       tables=config.tables, history_path=config.apply.history_path, until_seq=args.until_seq,
-                       until_lsn=None if args.until_lsn is None else int(args.until_lsn),
-                       slice_where=args.slice_where, progress=_progress(args), rebuild=args.rebuild)
-    return result
+    say = _progress(args)
+    rebuild = args.rebuild
+    while True:
+        result = run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
+                           on_error=config.decode.on_error,  # type: ignore[arg-type]
+                           skip_origins=config.changes.skip_origins,
+                           parallelism=args.parallelism or config.apply.parallelism,
+                           table_path=config.apply.table_path, table_name=config.apply.table_name,
+                           tables=config.tables, history_path=config.apply.history_path,
+                           until_seq=args.until_seq,
+                           until_lsn=None if args.until_lsn is None else int(args.until_lsn),
+                           slice_where=args.slice_where, max_messages=args.max_messages, progress=say,
+                           rebuild=rebuild)
+        if not (args.until_caught_up and (result.remaining or result.redone)):
+            return result
+        if say is not None:  # each run's own lines; the last one's are printed as usual
+            say(f"run up to seq {result.hi} done ({result.messages} messages); running again")
+        rebuild = []  # rebuilt by the first run
 
 
 def run_status_command(config: Config, target: str) -> Any:
@@ -288,6 +302,13 @@ def run_decode(config: Config, output: str | None = None) -> Any:
     finally:
         decoded.unpersist()
     return summary
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:

@@ -179,3 +179,28 @@ def test_tables_settings_are_checked(tmp_path):
 def test_every_shipped_configuration_loads(name):
     config = load_config(ROOT / "conf" / name)
     assert config.capture.seq_column == "seq"
+
+
+def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
+    """--max-messages with --until-caught-up: runs of at most N messages, one after another,
+    to the tables one run gives."""
+    from pgoutput_spark.apply import run_apply, status
+    from pgoutput_spark.capture import read_capture
+
+    target = str(tmp_path / "bounded")
+    assert main(["apply", "--target", target, "--max-messages", "700", "--until-caught-up"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("capture slice: after seq 1399 up to seq 1808\n")
+    assert [line for line in captured.err.splitlines() if "running again" in line] == [
+        "run up to seq 699 done (700 messages); running again",
+        "run up to seq 1399 done (700 messages); running again"]
+    assert len(status(spark, target).runs) == 3
+    whole = str(tmp_path / "whole")
+    run_apply(spark, read_capture(spark, str(SAMPLE)), whole)
+    for schema, table in [("shop", "customers"), ("shop", "orders"), ("shop", "products")]:
+        rows = [sorted(map(tuple, spark.read.format("delta").load(f"{root}/{schema}/{table}").collect()))
+                for root in (target, whole)]
+        assert rows[0] == rows[1] and rows[0]
+    with pytest.raises(SystemExit) as usage:  # argparse's usage error
+        main(["apply", "--target", target, "--max-messages", "0"])
+    assert usage.value.code == 2 and "must be at least 1, not 0" in capsys.readouterr().err

@@ -829,6 +829,10 @@ class Status:
     running: bool  # a run holds the lease (or died holding it)
     position: int | None  # capture seq up to which runs have finished
     mirrors: dict[str, tuple[str, int]] = field(default_factory=dict)  # table -> (path, rows)
+    # Transactions the last run left open (their rows wait in _pgoutput/pending for their end):
+    # (kind: streamed | prepared | block, xid, first seq, first LSN, rows), oldest first. One
+    # whose first seq stays while the position moves on may never end (see README).
+    open_transactions: list[tuple[str, int | None, int, int | None, int]] = field(default_factory=list)
 
     def render(self, last: int = 10) -> str:
         lines = []
@@ -850,6 +854,11 @@ class Status:
                 lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
                              + (f" skipped {t['skipped']}" if t["skipped"] else "")
                              + (" truncated" if t["truncated"] else ""))
+        if self.open_transactions:
+            lines.append(f"open transactions carried to the next run: {len(self.open_transactions)}")
+            for kind, xid, seq, lsn, rows in self.open_transactions:
+                lines.append(f"  {kind} xid {xid} since seq {seq}"
+                             + ("" if lsn is None else f" (LSN {Lsn(lsn)})") + f", {rows} rows")
         if self.mirrors:
             lines.append("mirrors:")
             width = max(len(t) for t in self.mirrors)
@@ -876,7 +885,23 @@ def status(spark: SparkSession, target: str, pipeline: str = "default") -> Statu
     for table, (path, _) in mirrors.items():
         if _is_delta(spark, path):
             mirrors[table] = (path, spark.read.format("delta").load(path).count())
-    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors)
+    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,
+                  _open_transactions(ledger.pending(lease.lo)))
+
+
+def _open_transactions(pending: DataFrame | None) -> list[tuple[str, int | None, int, int | None, int]]:
+    """`Status.open_transactions` from the rows a run saved (`Ledger.pending`)."""
+    if pending is None:
+        return []
+    kind = F.col("message_type")
+    rows = pending.groupBy(F.coalesce(F.col("top_xid"), F.col("block_seq")).alias("_txn"),
+                           F.col("top_xid").isNotNull().alias("_streamed")).agg(
+        F.max(kind.isin("prepare", "stream_prepare")).alias("prepared"),
+        F.max(F.coalesce(F.col("top_xid"), F.col("begin.xid"), F.col("prepare.xid"))).alias("xid"),
+        F.min("seq").alias("seq"), F.min("lsn").alias("lsn"), F.count(F.lit(1)).alias("rows"),
+    ).orderBy("seq").collect()
+    return [("prepared" if r["prepared"] else "streamed" if r["_streamed"] else "block", r["xid"], r["seq"],
+             r["lsn"], r["rows"]) for r in rows]
 
 
 # -- reading mirrors --------------------------------------------------------------------------------

@@ -533,3 +533,24 @@ def test_max_messages_bounds_each_run_and_the_runs_end_where_one_run_does(spark,
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
     with pytest.raises(ValueError, match="max_messages must be at least 1"):
         run_apply(spark, capture, root, max_messages=0)
+
+
+def test_status_lists_the_transactions_a_run_leaves_open(spark, tmp_path):
+    """A streamed transaction without its end and a block without its Commit wait in pending:
+    `status` names them (kind, xid, where they started), oldest first; once they end, none."""
+    root = str(tmp_path / "target")
+    head = [*_txn(700, 1000, ONE, b.insert(1, _t(1, "a"))),
+            b.stream_start(800, True), b.relation(1, "public", "one", "d", [(1, "id", INT4, -1), (0, "big", TEXT, -1)],
+                                                  xid=800),
+            b.insert(1, _t(2, "streamed"), xid=800), b.stream_stop(),
+            b.begin(3000, 0, 801), b.insert(1, _t(3, "plain"))]
+    run_apply(spark, _frame(spark, head), root)
+    state = status(spark, root)
+    assert [t[:4] for t in state.open_transactions] == [("streamed", 800, 4, 104), ("block", 801, 8, 108)]
+    assert all(t[4] >= 2 for t in state.open_transactions)
+    assert "open transactions carried to the next run: 2\n  streamed xid 800 since seq 4 (LSN 0/68)" in \
+        state.render()
+    tail = [b.commit(3000, 3001, 0), b.stream_commit(800, 4000, 4001, 0)]
+    run_apply(spark, _frame(spark, head + tail), root)
+    assert status(spark, root).open_transactions == []
+    assert _mirror(spark, root, "public", "one") == [(1, "a"), (2, "streamed"), (3, "plain")]

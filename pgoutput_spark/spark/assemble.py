@@ -58,6 +58,9 @@ POSITION_COLUMNS = ("block_seq", "top_xid")
 #: in buckets of 100,000 13.6 s (benchmarks/apply.py); the driver gets one row per bucket.
 ROWS_PER_BUCKET = 100_000
 
+#: A seq after every message: where a transaction still open ends.
+_NO_END = (1 << 63) - 1
+
 
 @dataclass(frozen=True)
 class ScanState:
@@ -321,15 +324,14 @@ def _first_changes(scanned: DataFrame, controls: list[Control]) -> dict[tuple[in
              if c.kind is MessageType.STREAM_ABORT and c.subxid != c.xid}
     if not pairs:
         return {}
-    big = (1 << 63) - 1
     starts: dict[int, list[int]] = {}
     for c in sorted(controls, key=lambda c: c.seq):
         if c.kind is MessageType.STREAM_START and c.first_segment:
             starts.setdefault(c.xid, []).append(c.seq)  # type: ignore[arg-type]
     instances = []
     for top, sub in sorted(pairs):
-        firsts = starts.get(top, [-big])  # type: ignore[arg-type]
-        instances += [(top, sub, lo, hi) for lo, hi in zip(firsts, [*firsts[1:], big])]
+        firsts = starts.get(top, [-_NO_END])  # type: ignore[arg-type]
+        instances += [(top, sub, lo, hi) for lo, hi in zip(firsts, [*firsts[1:], _NO_END])]
     spark = scanned.sparkSession
     wanted = spark.createDataFrame(instances, "top_xid long, stream_xid long, i_lo long, i_hi long")
     rows = (
@@ -358,9 +360,8 @@ _OUTCOME_SCHEMA = T.StructType([
 
 
 def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame]:
-    big = (1 << 63) - 1
     rows = [(t.xid, t.first_seq, t.block_seq,
-             t.last_seq if t.last_seq is not None else t.decided_seq if t.decided_seq is not None else big,
+             t.last_seq if t.last_seq is not None else t.decided_seq if t.decided_seq is not None else _NO_END,
              t.outcome.value, t.decided_seq, t.commit_lsn, t.commit_ts) for t in ledger.txns]
     discards = [(d.xid, d.from_seq, d.to_seq) for d in ledger.discards]
     return (spark.createDataFrame(rows, _OUTCOME_SCHEMA),

@@ -46,6 +46,7 @@ from workload import PROTO_VERSION, PUBLICATION, ROWS_PER_FILE, _Workload
 
 import pgoutput_spark
 from pgoutput_spark.decoder.messages import decode_message
+from pgoutput_spark.mirroring.delta import NET_TASK_ROWS
 from pgoutput_spark.decoder.protocol import MessageType
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster
@@ -569,7 +570,8 @@ class TimedRun:
         return {k: v for k, v in self.__dict__.items() if k not in ("result", "jobs", "started")}
 
 
-def timed_apply(spark: Any, capture: Any, target: str, clock: PhaseClock) -> TimedRun:
+def timed_apply(spark: Any, capture: Any, target: str, clock: PhaseClock, **options: Any) -> TimedRun:
+    """One `run_apply` (``options`` its keyword arguments), timed."""
     import pgoutput_spark.apply as job
 
     jvm = jvm_pid(spark)
@@ -581,7 +583,7 @@ def timed_apply(spark: Any, capture: Any, target: str, clock: PhaseClock) -> Tim
     cpu0, started = process_cpu_s(jvm), time.perf_counter()
     try:
         with clock:
-            result = job.run_apply(spark, capture, target)
+            result = job.run_apply(spark, capture, target, **options)
     finally:
         seconds = time.perf_counter() - started
         sampler.stop()
@@ -595,7 +597,8 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
-def run_e2e(spark: Any, info: dict[str, Any], path: Path, out: Path, runs: int) -> dict[str, Any]:
+def run_e2e(spark: Any, info: dict[str, Any], path: Path, out: Path, runs: int,
+            **options: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from pgoutput_spark import read_capture
@@ -619,7 +622,7 @@ def run_e2e(spark: Any, info: dict[str, Any], path: Path, out: Path, runs: int) 
     for _ in range(runs):  # each into a fresh target; the best counts
         shutil.rmtree(target, ignore_errors=True)
         clock = PhaseClock()
-        timed.append((timed_apply(spark, read_capture(spark, capture), str(target), clock), clock))
+        timed.append((timed_apply(spark, read_capture(spark, capture), str(target), clock, **options), clock))
     run, clock = min(timed, key=lambda rc: rc[0].seconds)
     print(_indent(run.result.render()))
     if runs > 1:
@@ -773,7 +776,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if e2e_info is not None:
             header(f"[a] end to end: {e2e_info['changes']:,} changes ({e2e_info['messages']:,} messages) "
                    f"capture files -> Delta mirrors, vs a PostgreSQL 15 subscriber", loads)
-            results["e2e"] = run_e2e(spark, e2e_info, e2e_path, out, args.e2e_runs)
+            results["e2e"] = run_e2e(spark, e2e_info, e2e_path, out, args.e2e_runs,
+                                     net_task_rows=args.net_task_rows)
         if captures:
             header(f"[b] {args.merge_changes:,} changes merged into a keyed mirror of "
                    f"{' and '.join(f'{r:,}' for r in args.sizes)} rows (best of {args.merge_runs})", loads)
@@ -849,6 +853,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="[b]: rows per Parquet file of the initial mirrors (default 1,000,000)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable), e.g. spark.driver.extraJavaOptions=...")
+    parser.add_argument("--net-task-rows", type=int, default=NET_TASK_ROWS,
+                        help=f"[a]: change rows of a table per net-change task (default {NET_TASK_ROWS:,})")
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory (default 2g)")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / "data",
                         help="where captures and mirrors are kept (default: benchmarks/data, gitignored)")
@@ -866,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.merge_variants = [v.strip() for v in args.merge_variants.split(",") if v.strip()]
     if not set(args.merge_variants) <= {"dv", "no-dv", "recent"}:
         parser.error(f"--merge-variants: dv, no-dv and recent only, got {args.merge_variants}")
-    if min(args.changes, args.e2e_runs, args.merge_changes, args.merge_runs, args.rows_per_file, *args.sizes) < 1:
+    if min(args.changes, args.e2e_runs, args.net_task_rows, args.merge_changes, args.merge_runs, args.rows_per_file, *args.sizes) < 1:
         parser.error("--changes, --e2e-runs, --sizes, --merge-changes, --merge-runs and --rows-per-file "
                      "must be at least 1")
     if min(args.sizes) <= _PRIME_ROWS + args.merge_changes:

@@ -47,11 +47,13 @@ from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
 from .mirroring.history import history_fields, history_frame, merge_history
-from .mirroring.net import TableSpec
+from .mirroring.net import TableSpec, joined_buckets
 from .mirroring.delta import (
     DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
     METADATA_KEY,
+    BUCKETS_PER_TASK,
+    NET_TASK_ROWS,
     CatalogError,
     SchemaPlan,
     absolute_path,
@@ -63,6 +65,7 @@ from .mirroring.delta import (
     converted_net_frame,
     merge,
     mirror_path,
+    moved_buckets,
     path_table,
     txn_append,
     net_frame,
@@ -119,6 +122,7 @@ class TableResult:
     truncated: bool = False
     status: str = "merged"  # merged | already applied
     history: int | None = None  # versions written to the table's history (tables.history), if it has one
+    tasks: int = 1  # tasks its net change was spread over (`net_task_rows`)
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,8 @@ class ApplyResult:
             for t in sorted(self.tables, key=lambda t: t.table):
                 note = ", ".join(n for n in (("truncated" if t.truncated else ""),
                                              ("" if t.status == "merged" else t.status),
-                                             ("" if t.history is None else f"history +{t.history} versions"))
+                                             ("" if t.history is None else f"history +{t.history} versions"),
+                                             ("" if t.tasks == 1 else f"net change in {t.tasks} tasks"))
                                  if n)
                 lines.append(f"{t.table:<{width}}  {t.inserted:>9} {t.updated:>9} {t.deleted:>9} "
                              f"{t.skipped:>8}  {note}".rstrip())
@@ -267,6 +272,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               history_path: str = DEFAULT_HISTORY_PATH,
               until_seq: int | None = None, until_lsn: int | None = None,
               slice_where: str | None = None, max_messages: int | None = None,
+              net_task_rows: int = NET_TASK_ROWS,
               progress: Callable[[str], None] | None = None,
               rebuild: tuple[str, ...] | list[str] = ()) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
@@ -287,9 +293,13 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
 
     ``max_messages`` bounds a run's size: it applies the messages whose seq is
     below the next message's seq plus ``max_messages`` (at most that many; with
-    gaps in ``seq``, fewer) and says when more remain. A run holds each table's
-    net change in one task, so this keeps a large backlog within what a task
-    can hold: run again (or with ``--until-caught-up``) to continue.
+    gaps in ``seq``, fewer) and says when more remain: run again (or with
+    ``--until-caught-up``) to continue.
+
+    ``net_task_rows``: a table with more change rows in the run than this has its
+    net change spread over several tasks by key (``ceil(rows / net_task_rows)``,
+    fewer where updates move rows between keys; a table with a history keeps
+    one task for its history); below it, one task nets the table's rows.
 
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).
@@ -370,7 +380,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     try:
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
                       table_path, table_name, tables or TablesConfig(), say, history_path,
-                      _Rebuild(canonical, tuple(rebuild), on_error))
+                      _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows)
         return dataclasses.replace(result, note=note, remaining=remaining)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
@@ -402,7 +412,8 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
 def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
-         say: Callable[[str], None], history_path: str, rebuild: _Rebuild) -> ApplyResult:
+         say: Callable[[str], None], history_path: str, rebuild: _Rebuild,
+         net_task_rows: int = NET_TASK_ROWS) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -481,7 +492,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(_mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
                                              n_changes[oid], to_lsn, metadata, redone,
-                                             _spec(history, oid, plan, tables), past, tuples))
+                                             _spec(history, oid, plan, tables), past, tuples,
+                                             net_task_rows))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out
@@ -708,11 +720,12 @@ def _converted_net(session: SparkSession, committed: DataFrame, oid: int, histor
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
                   oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int,
                   metadata: dict[str, Any], redone: bool, spec: TableSpec,
-                  past: SchemaPlan | None = None, tuples: bool = False) -> TableResult:
+                  past: SchemaPlan | None = None, tuples: bool = False,
+                  net_task_rows: int = NET_TASK_ROWS) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate);
-    ``n_changes``: its number of change rows.
+    ``n_changes``: its number of change rows (``net_task_rows`` of them per net-change task).
     ``past``: the plan of the table's history table, if it has one: written first (a redone
     run then finds the mirror as the history's versions left it).
     ``tuples``: some change rows carry their tuples in ``change`` (see `relation_rows`).
@@ -733,8 +746,9 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds & {"update", "delete"})
-    # Nothing to look up and no history: convert and net in one task (see `converted_net_frame`).
-    fused = not looks_up and past is None
+    tasks = max(1, -(-n_changes // net_task_rows))
+    # Nothing to look up, no history, one task: convert and net in it (see `converted_net_frame`).
+    fused = not looks_up and past is None and tasks == 1
     typed = None if fused else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
@@ -751,7 +765,13 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, typed, spec) if looks_up else None
-            net = net_frame(typed, pre, spec, arrow_schema).persist()
+            moved: list[tuple[int, int]] = []
+            if tasks > 1 and "update" in kinds:
+                with _step(f"{name}: updates that move rows between keys"):
+                    moved = moved_buckets(typed, spec, tasks)
+                # Buckets that moves join go together: no more tasks than groups of buckets.
+                tasks = min(tasks, len(set(joined_buckets(tasks * BUCKETS_PER_TASK, moved))))
+            net = net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
         try:
             with _step(f"{name}: convert, pre-image, net change"):
                 summary = {r["_action"]: r for r in net.groupBy("_action").agg(
@@ -790,7 +810,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                           "deleted": counts["deleted"] if truncated else
                           sum(r["del"] or 0 for r in summary.values())}
             return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
-                               history=versions)
+                               history=versions, tasks=tasks)
         finally:
             net.unpersist()
     finally:

@@ -230,7 +230,8 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                            tables=config.tables, history_path=config.apply.history_path,
                            until_seq=args.until_seq,
                            until_lsn=None if args.until_lsn is None else int(args.until_lsn),
-                           slice_where=args.slice_where, max_messages=args.max_messages, progress=say,
+                           slice_where=args.slice_where, max_messages=args.max_messages,
+                           net_task_rows=config.apply.net_task_rows, progress=say,
                            rebuild=rebuild)
         if not (args.until_caught_up and (result.remaining or result.redone)):
             return result

@@ -62,10 +62,15 @@ class ApplyConfig:
     table_name: str | None = None
     #: Where a table's history lives (``tables.history``), a template like ``table_path``.
     history_path: str = "{root}/_history/{schema}/{table}"
+    #: A table with more change rows in a run has its net change spread over several tasks
+    #: by key (one task holds a table's rows at once); as `mirroring.delta.NET_TASK_ROWS`.
+    net_task_rows: int = 1_000_000
 
     def check(self, source: str) -> None:
         if self.parallelism < 1:
             raise ConfigError(f"{source}: apply.parallelism must be at least 1, got {self.parallelism}")
+        if self.net_task_rows < 1:
+            raise ConfigError(f"{source}: apply.net_task_rows must be at least 1, got {self.net_task_rows}")
         for key, template in (("table_path", self.table_path), ("history_path", self.history_path)):
             try:
                 rendered = template.format(root="R", schema="S", table="T")

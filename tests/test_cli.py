@@ -90,6 +90,13 @@ def test_config_errors_name_file_and_key(tmp_path):
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"
     # The embedded default and the file that shows it say the same.
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf == load_config(None).spark.conf
+    from pgoutput_spark.mirroring.delta import NET_TASK_ROWS
+
+    assert load_config(ROOT / "conf" / "local.yaml").apply == load_config(None).apply
+    assert load_config(None).apply.net_task_rows == NET_TASK_ROWS
+    conf.write_text("apply:\n  net_task_rows: 0\n")
+    with pytest.raises(ConfigError, match=r"apply.net_task_rows must be at least 1, got 0"):
+        load_config(conf)
     conf.write_text("apply:\n  parallelism: two\n")
     with pytest.raises(ConfigError, match=r"apply.parallelism must be int, got 'two'"):
         load_config(conf)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -37,7 +37,7 @@ from ..assemble.typed import META_NAMES
 from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
-from .net import TableSpec, _one_array, net_changes, out_schema
+from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
 
 #: Table properties of every mirror.
 PROPERTIES = {
@@ -309,13 +309,16 @@ def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec,
 
 
 def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
-              arrow_schema: pa.Schema) -> DataFrame:
-    """The run's net rows for one table (schema `net.out_schema`), computed in one task.
+              arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None) -> DataFrame:
+    """The run's net rows for one table (schema `net.out_schema`), computed in one task, or
+    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`).
 
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
-    return in_one_task(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec))
+    spread = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
+    return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec),
+                    spread=spread)
 
 
 def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
@@ -339,13 +342,16 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
         run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
 
 
-def in_one_task(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
-                compute: Callable[[pa.Table], pa.Table]) -> DataFrame:
-    """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task."""
+def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
+             compute: Callable[[pa.Table], pa.Table],
+             spread: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+    """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task;
+    or over each partition that ``spread`` makes of them (its rows' columns unchanged)."""
+    rows = typed if pre is None else typed.unionByName(pre)
+    rows = rows.repartition(1) if spread is None else spread(rows)
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.
-    rows = (typed if pre is None else typed.unionByName(pre)).toDF(*_positional(arrow_schema).names)
-    rows, flags = arrays_without_nulls(rows)
+    rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names))
     schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -355,7 +361,66 @@ def in_one_task(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema
         table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
         yield from compute(table).to_batches(max_chunksize=10_000)
 
-    return rows.repartition(1).mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
+
+
+#: Change rows of a table's run per net-change task, by default (`net_frame`'s ``tasks``): a
+#: task holds them all at once (`bench_wide`'s 518,400 rows of 20 columns took some 2 GB).
+NET_TASK_ROWS = 1_000_000
+
+#: Key buckets per task when a table's net change is spread over tasks (`by_key`): rows go to
+#: tasks by bucket, which Spark hashes again, so many buckets give tasks about as many keys each.
+BUCKETS_PER_TASK = 16
+_BUCKET = "__pgoutput_spark_bucket"
+
+
+def _identity(rows: DataFrame, spec: TableSpec, which: str) -> list[Column]:
+    """The identity (key) columns of each change row: ``old``, the row it looks up (its old
+    key or row where it has one, else its own), or ``new``, the row it leaves (a multiset's
+    unchanged TOAST values taken from its old row, as `net.prepare` does)."""
+    old, types = F.col("_old"), {f.name: f.dataType for f in rows.schema.fields}
+    out = []
+    for k in spec.key:
+        before, after = old.getField(k).cast(types[k]), F.col(quote(k))
+        if which == "old":
+            out.append(F.when(old.isNotNull(), before).otherwise(after))
+        elif spec.mode == "multiset":
+            out.append(F.when(F.array_contains(F.col("_unchanged_toast"), k), before).otherwise(after))
+        else:
+            out.append(after)
+    return out
+
+
+def _bucket(columns: list[Column], buckets: int) -> Column:
+    return F.pmod(F.hash(*columns), F.lit(buckets))
+
+
+def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[int, int]]:
+    """The (from, to) key buckets of `by_key` of the run's updates that move a row to a key
+    in another bucket (a key change; for a multiset, any update)."""
+    buckets = tasks * BUCKETS_PER_TASK
+    pairs = typed.where((F.col("_op") == "update") & F.col("_old").isNotNull()).select(
+        _bucket(_identity(typed, spec, "old"), buckets).alias("a"),
+        _bucket(_identity(typed, spec, "new"), buckets).alias("b"))
+    return [(r["a"], r["b"]) for r in pairs.where(F.col("a") != F.col("b")).distinct().collect()]
+
+
+def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, int]]) -> DataFrame:
+    """``rows`` (change rows and pre-image) in ``tasks`` partitions that each hold every row of
+    their keys, and a copy of every truncate.
+
+    A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
+    joins (``moved``, from `moved_buckets`) go together, so that a row's changes before and
+    after its key changed meet in one task (`net.joined_buckets`).
+    """
+    buckets = tasks * BUCKETS_PER_TASK
+    joined = joined_buckets(buckets, moved)
+    bucket = F.when(F.col("_op") == "truncate", F.sequence(F.lit(0), F.lit(buckets - 1))).otherwise(
+        F.array(_bucket(_identity(rows, spec, "old"), buckets)))
+    rows = rows.select("*", F.explode(bucket).alias(_BUCKET))
+    if any(b != i for i, b in enumerate(joined)):
+        rows = rows.withColumn(_BUCKET, F.element_at(F.array(*[F.lit(b) for b in joined]), F.col(_BUCKET) + 1))
+    return rows.repartition(tasks, _BUCKET).drop(_BUCKET)
 
 
 #: Names of `arrays_without_nulls`' flag columns: the column, and the field of a struct column.

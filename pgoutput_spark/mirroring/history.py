@@ -174,9 +174,9 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 
 def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema) -> Any:
     """`history_changes` of a table's run in one Spark task (as `delta.net_frame`)."""
-    from .delta import in_one_task
+    from .delta import in_tasks
 
-    return in_one_task(typed, pre, arrow_schema, history_schema(arrow_schema),
+    return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),
                        lambda rows: history_changes(rows, spec))
 
 

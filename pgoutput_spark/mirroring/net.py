@@ -146,6 +146,24 @@ def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     return key_codes_from(codes)
 
 
+def joined_buckets(n: int, pairs: Sequence[tuple[int, int]]) -> list[int]:
+    """For buckets 0..n-1, the bucket each goes with: the same for two buckets that a chain of
+    ``pairs`` links (the smallest of them), so that rows of linked buckets meet in one task."""
+    parent = list(range(n))
+
+    def root(b: int) -> int:
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        return b
+
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return [root(b) for b in range(n)]
+
+
 def _unchanged_pairs(lists: pa.Array, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(row, position in ``names``) of every unchanged-TOAST column, rows in input order."""
     lists = lists.fill_null([]) if lists.null_count else lists

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark.assemble.typed import change_schema
-from pgoutput_spark.mirroring.net import TableSpec, net_changes
+from pgoutput_spark.mirroring.net import TableSpec, joined_buckets, net_changes
 
 COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
 NAMES = tuple(name for name, _ in COLUMNS)
@@ -165,6 +166,48 @@ def test_multiset_net_change_equals_row_by_row_apply(case, rnd):
     initial, changes = case
     out = net_changes(to_table(initial, changes, MULTISET, shuffle=rnd), MULTISET)
     assert _normal(merged(initial, out, MULTISET)) == _normal(reference(initial, changes, MULTISET))
+
+
+def _looks_up(row, spec):
+    """The key a change row looks up (its old key or row, else its own), as `delta.by_key`."""
+    source = row["_old"] if row["_old"] is not None else row
+    return tuple(source[k] for k in spec.key)
+
+
+def _leaves(row, spec):
+    """The key an update leaves its row at (a multiset's unchanged TOAST from the old row)."""
+    unchanged = row["_unchanged_toast"] or []
+    return tuple(row["_old"][k] if spec.mode == "multiset" and k in unchanged else row[k] for k in spec.key)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([KEYED, MULTISET]), st.data())
+def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
+    """What `delta.by_key` does in Spark: rows go to tasks by the bucket of the key they look up,
+    buckets an update moves a row between go together (`joined_buckets`), every task gets every
+    truncate; the tasks' outputs together merge to what the apply worker leaves."""
+    initial, changes = data.draw(scenario(spec))
+    rows = to_table(initial, changes, spec).to_pylist()
+    buckets, tasks = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3))
+
+    def bucket(key):
+        return zlib.crc32(repr(key).encode()) % buckets
+
+    moved = [(bucket(_looks_up(r, spec)), bucket(_leaves(r, spec)))
+             for r in rows if r["_op"] == "update" and r["_old"] is not None]
+    joined = joined_buckets(buckets, moved)
+    parts = [[] for _ in range(tasks)]
+    for r in rows:
+        for b in range(buckets) if r["_op"] == "truncate" else [bucket(_looks_up(r, spec))]:
+            parts[joined[b] % tasks].append(r)
+    out = pa.concat_tables([net_changes(pa.Table.from_pylist(part, schema=SCHEMA), spec) for part in parts])
+    assert _normal(merged(initial, out, spec)) == _normal(reference(initial, changes, spec))
+
+
+def test_joined_buckets_go_with_the_smallest_bucket_they_are_linked_to():
+    assert joined_buckets(6, [(5, 3), (3, 1), (4, 2)]) == [0, 1, 2, 1, 2, 1]
+    assert joined_buckets(3, []) == [0, 1, 2]
+    assert joined_buckets(4, [(0, 3), (3, 2), (2, 1)]) == [0, 0, 0, 0]
 
 
 def test_identical_rows_stay_separate_and_one_of_them_changes():

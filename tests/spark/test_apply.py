@@ -193,6 +193,38 @@ def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path,
     assert len(status(spark, root).runs) == 1 + existing
 
 
+def _third_slice():
+    return [
+        *_txn(704, 5000, b.insert(1, _t(20, "before")), b.truncate([1, 2]), b.insert(1, _t(21, "after")),
+              b.insert(2, _t("dup", 7)), b.insert(2, _t("dup", 7))),
+        *_txn(705, 6000, b.update(1, _t(22, ...), _t(21, None)),  # a key change: the TOAST value meets it
+              b.update(2, _t("dup", 8), _t("dup", 7), old_kind="O")),
+        *_txn(706, 7000, b.update(1, _t(22, "changed"))),  # found by its new key: in the moved row's task
+    ]
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_net_change_spread_over_tasks_by_key_gives_the_same_tables(spark, tmp_path, rows):
+    """``net_task_rows`` below a table's change rows: its rows go to tasks by key, updates that
+    move a row to another key join their keys' buckets, and every task sees every truncate."""
+    root = str(tmp_path / "target")
+    first = run_apply(spark, _frame(spark, _first_slice()), root, net_task_rows=rows)
+    assert {t.table: t.tasks > 1 for t in first.tables} == {"public.one": True, "Mixed Case.t/wo": True}
+    assert _mirror(spark, root, "public", "one") == [(1, "x" * 3000), (2, "two")]
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 1), ("dup", 2), ("other", 5)]
+    second = run_apply(spark, _frame(spark, _first_slice() + _second_slice()), root, net_task_rows=rows)
+    assert [t.skipped for t in second.tables] == [0, 0]  # the moved key's TOAST value found in its task
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
+    capture = _frame(spark, _first_slice() + _second_slice() + _third_slice())
+    third = run_apply(spark, capture, root, net_task_rows=rows)
+    assert all(t.truncated for t in third.tables)
+    assert _mirror(spark, root, "public", "one") == [(22, "changed")]
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 7), ("dup", 8)]
+    assert [t.skipped for t in third.tables] == [0, 0]
+    assert f"net change in {third.tables[0].tasks} tasks" in third.render()
+
+
 def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
     root = str(tmp_path / "target")
     capture = _frame(spark, _first_slice() + _second_slice())
@@ -336,7 +368,7 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
 
 
 def test_one_task_gets_null_arrays_and_structs_back_as_they_were(spark):
-    """`in_one_task` sends NULL arrays as empty ones with a flag (Spark writes runs of NULL
+    """`in_tasks` sends NULL arrays as empty ones with a flag (Spark writes runs of NULL
     arrays to Arrow in quadratic time): the task sees the very rows Spark holds."""
     import json
 
@@ -352,8 +384,8 @@ def test_one_task_gets_null_arrays_and_structs_back_as_they_were(spark):
     def compute(table):
         return pa.table({"rows": [json.dumps(table.to_pylist())]})
 
-    out = mirror_delta.in_one_task(frame, None, to_arrow_schema(frame.schema), pa.schema([("rows", pa.string())]),
-                                   compute)
+    out = mirror_delta.in_tasks(frame, None, to_arrow_schema(frame.schema), pa.schema([("rows", pa.string())]),
+                                compute)
     seen = sorted(json.loads(out.collect()[0]["rows"]), key=lambda r: r["id"])
     assert seen == json.loads(json.dumps(frame.toArrow().to_pylist()))
     assert [r["tags"] for r in seen[:3]] == [None, [], ["x", None]]

@@ -253,8 +253,10 @@ def _history(spark: Any, path: str) -> int:
 
 
 def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,
-                       cuts: list[int], run_after: set[int]) -> tuple[Mirrors, list[ApplyResult]]:
-    """Land ``messages`` in files cut at ``cuts``; run after the files in ``run_after``; compare."""
+                       cuts: list[int], run_after: set[int],
+                       **options: Any) -> tuple[Mirrors, list[ApplyResult]]:
+    """Land ``messages`` in files cut at ``cuts``; run after the files in ``run_after``; compare.
+    ``options`` go to `run_apply`."""
     landing, target = tmp_path / "landing", str(tmp_path / "target")
     index, mirrors = CaptureIndex(messages), Mirrors(spark, target, workload)
     results: list[ApplyResult] = []
@@ -264,7 +266,7 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
         _land(messages[lo:hi], tmp_path, landing, k)
         if k not in run_after and hi != len(messages):
             continue
-        result = run_apply(spark, read_capture(spark, str(landing)), target)
+        result = run_apply(spark, read_capture(spark, str(landing)), target, **options)
         print(f"run {len(results) + 1} (capture up to seq {messages[hi - 1].seq}):\n{result.render()}")
         assert not result.skipped and result.lo == previous_hi and result.hi == messages[hi - 1].seq
         assert result.from_lsn is None or previous_lsn is None or result.from_lsn > previous_lsn
@@ -282,7 +284,7 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
     # Nothing new: no Delta commit anywhere.
     paths = sorted(mirrors.paths()) + [f"{target}/_runs"]
     before = {p: _history(spark, p) for p in paths}
-    again = run_apply(spark, read_capture(spark, str(landing)), target)
+    again = run_apply(spark, read_capture(spark, str(landing)), target, **options)
     assert again.skipped and again.lo == messages[-1].seq
     assert {p: _history(spark, p) for p in paths} == before
     return mirrors, results
@@ -363,15 +365,19 @@ def test_pg15_protocol_2_whole_capture_in_one_run(spark, pg15_captures, tmp_path
 def test_pg15_protocol_1_in_two_runs(spark, pg15_captures, tmp_path):
     """Protocol 1 streams nothing: large, prepared (sent at COMMIT PREPARED) and aborted-
     subtransaction transactions come as plain Begin .. Commit blocks, without stream xids.
-    Two runs, the first ending inside pgbench's load of 100,000 inserts."""
+    Two runs, the first ending inside pgbench's load of 100,000 inserts. A table with more
+    than 20,000 change rows in a run has its net change spread over tasks by key."""
     workload, captures = pg15_captures
     messages = captures[1]
     assert not any(m.data[:1] in b"SEcAp" for m in messages)  # no stream or two-phase messages
     cuts = _cuts(messages, workload)
     ordered = sorted(cuts.values())
     run_after = {ordered.index(cuts["pgbench load"])}
-    mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, ordered, run_after)
+    mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, ordered, run_after,
+                                          net_task_rows=20_000)
     assert len(results) == 2 and results[0].open_rows > 0  # the load's rows carried over
+    # The load commits in the second run: 100,000 rows and pgbench's updates, in several tasks.
+    assert [{t.table for t in r.tables if t.tasks > 1} for r in results] == [set(), {"public.pgbench_accounts"}]
     _check_types(mirrors)
 
 

@@ -66,6 +66,7 @@ from .mirroring.delta import (
     merge,
     mirror_path,
     moved_buckets,
+    net_tasks,
     path_table,
     txn_append,
     net_frame,
@@ -433,10 +434,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
             .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type")
         with _step("collect the touched tables"):
-            kinds: dict[int, set[str]] = {}
+            kinds: dict[int, dict[str, int]] = {}  # relation -> message type -> change rows
             n_changes: dict[int, int] = {}  # change rows per relation (truncates included)
             for r in touched.groupBy("relation_id", "message_type").count().collect():
-                kinds.setdefault(r["relation_id"], set()).add(r["message_type"])
+                kinds.setdefault(r["relation_id"], {})[r["message_type"]] = r["count"]
                 n_changes[r["relation_id"]] = n_changes.get(r["relation_id"], 0) + r["count"]
             relations = sorted(kinds)
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
@@ -664,7 +665,7 @@ def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid:
 
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,
-                   spec: TableSpec, arrow_schema: Any, kinds: set[str], app_id: str, to_lsn: int,
+                   spec: TableSpec, arrow_schema: Any, kinds: dict[str, int], app_id: str, to_lsn: int,
                    metadata: dict[str, Any]) -> int:
     """The run's versions into the history table (created, or seeded from an existing mirror, first)."""
     seed = not past.exists and plan.exists
@@ -680,7 +681,7 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
         txn_append(rows, past.path, app_id, since)
     pre = None
     if past.exists or seed:
-        if kinds & {"update", "delete", "truncate"}:
+        if kinds.keys() & {"update", "delete", "truncate"}:
             pre = pre_image(session, past.path, typed, spec, current_only=True, everything="truncate" in kinds)
     changes = history_frame(typed, pre, spec, arrow_schema).persist()
     try:
@@ -718,13 +719,14 @@ def _converted_net(session: SparkSession, committed: DataFrame, oid: int, histor
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, kinds: set[str], n_changes: int, to_lsn: int,
+                  oid: int, plan: SchemaPlan, kinds: dict[str, int], n_changes: int, to_lsn: int,
                   metadata: dict[str, Any], redone: bool, spec: TableSpec,
                   past: SchemaPlan | None = None, tuples: bool = False,
                   net_task_rows: int = NET_TASK_ROWS) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
-    ``kinds``: the run's message types for the table (insert, update, delete, truncate);
+    ``kinds``: the run's message types for the table (insert, update, delete, truncate), with
+    their numbers of change rows;
     ``n_changes``: its number of change rows (``net_task_rows`` of them per net-change task).
     ``past``: the plan of the table's history table, if it has one: written first (a redone
     run then finds the mirror as the history's versions left it).
@@ -745,8 +747,8 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             apply_schema(session, plan)
     arrow_schema = change_schema(plan.columns)
     # Only updates and deletes look rows up; a mirror this run created has none to find.
-    looks_up = plan.exists and bool(kinds & {"update", "delete"})
-    tasks = max(1, -(-n_changes // net_task_rows))
+    looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
+    tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
     # Nothing to look up, no history, one task: convert and net in it (see `converted_net_frame`).
     fused = not looks_up and past is None and tasks == 1
     typed = None if fused else typed_change_frame(  # read more than once

@@ -19,6 +19,7 @@ and records the run's LSN and seq range as its commit's ``userMetadata``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -316,9 +317,9 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
-    spread = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
+    buckets = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
     return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec),
-                    spread=spread)
+                    tasks=tasks, buckets=buckets)
 
 
 def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
@@ -343,15 +344,19 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
 
 def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
-             compute: Callable[[pa.Table], pa.Table],
-             spread: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+             compute: Callable[[pa.Table], pa.Table], *, tasks: int = 1,
+             buckets: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
     """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task;
-    or over each partition that ``spread`` makes of them (its rows' columns unchanged)."""
+    or, with ``buckets`` (`by_key`: the rows with a bucket column), over each of ``tasks``
+    partitions of the rows by bucket."""
     rows = typed if pre is None else typed.unionByName(pre)
-    rows = rows.repartition(1) if spread is None else spread(rows)
+    extra = []
+    if buckets is not None:
+        rows, extra = buckets(rows), [_BUCKET]
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.
-    rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names))
+    rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names, *extra))
+    rows = rows.repartition(1) if buckets is None else rows.repartition(tasks, _BUCKET).drop(_BUCKET)
     schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -395,6 +400,19 @@ def _bucket(columns: list[Column], buckets: int) -> Column:
     return F.pmod(F.hash(*columns), F.lit(buckets))
 
 
+def net_tasks(rows: int, updates: int, spec: TableSpec, net_task_rows: int) -> int:
+    """Tasks for a table's net change of ``rows`` change rows, ``updates`` of them updates:
+    ``ceil(rows / net_task_rows)``, but one for a multiset whose updates would join all its
+    buckets anyway (every update of a multiset moves its row to a random bucket, and a random
+    graph on B buckets is one group beyond about B ln B / 2 edges): spread, it would still be
+    one task, after a conversion of its rows in tasks of their own."""
+    tasks = max(1, -(-rows // net_task_rows))
+    buckets = tasks * BUCKETS_PER_TASK
+    if tasks > 1 and spec.mode == "multiset" and updates > buckets * math.log(buckets) / 2:
+        return 1
+    return tasks
+
+
 def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[int, int]]:
     """The (from, to) key buckets of `by_key` of the run's updates that move a row to a key
     in another bucket (a key change; for a multiset, any update)."""
@@ -406,11 +424,11 @@ def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[i
 
 
 def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, int]]) -> DataFrame:
-    """``rows`` (change rows and pre-image) in ``tasks`` partitions that each hold every row of
-    their keys, and a copy of every truncate.
+    """``rows`` (change rows and pre-image) with a bucket (column `_BUCKET`) such that the rows
+    of one bucket hold every row of their keys, and a copy of every truncate in every bucket.
 
     A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
-    joins (``moved``, from `moved_buckets`) go together, so that a row's changes before and
+    joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
     after its key changed meet in one task (`net.joined_buckets`).
     """
     buckets = tasks * BUCKETS_PER_TASK
@@ -420,7 +438,7 @@ def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, 
     rows = rows.select("*", F.explode(bucket).alias(_BUCKET))
     if any(b != i for i, b in enumerate(joined)):
         rows = rows.withColumn(_BUCKET, F.element_at(F.array(*[F.lit(b) for b in joined]), F.col(_BUCKET) + 1))
-    return rows.repartition(tasks, _BUCKET).drop(_BUCKET)
+    return rows
 
 
 #: Names of `arrays_without_nulls`' flag columns: the column, and the field of a struct column.

@@ -210,6 +210,16 @@ def test_joined_buckets_go_with_the_smallest_bucket_they_are_linked_to():
     assert joined_buckets(4, [(0, 3), (3, 2), (2, 1)]) == [0, 0, 0, 0]
 
 
+def test_a_multiset_whose_updates_would_join_every_bucket_stays_in_one_task():
+    from pgoutput_spark.mirroring.delta import net_tasks
+
+    assert [net_tasks(rows, 0, KEYED, 1000) for rows in (0, 1000, 1001, 5500)] == [1, 1, 2, 6]
+    assert net_tasks(5500, 5000, KEYED, 1000) == 6  # keyed: only key changes move rows (measured later)
+    assert net_tasks(5500, 0, MULTISET, 1000) == 6  # inserts and deletes only: spread
+    # 6 tasks, 96 buckets: about 219 updates at random join them all.
+    assert [net_tasks(5500, updates, MULTISET, 1000) for updates in (200, 250)] == [6, 1]
+
+
 def test_identical_rows_stay_separate_and_one_of_them_changes():
     row = {"id": 1, "k2": 0, "big": "x", "n": 1}
     changes = [{"_op": "update", "new": {**row, "n": 2}, "_old": row, "_unchanged_toast": [], "commit": 1}]

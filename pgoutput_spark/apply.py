@@ -298,9 +298,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     ``--until-caught-up``) to continue.
 
     ``net_task_rows``: a table with more change rows in the run than this has its
-    net change spread over several tasks by key (``ceil(rows / net_task_rows)``,
-    fewer where updates move rows between keys; a table with a history keeps
-    one task for its history); below it, one task nets the table's rows.
+    net change (and history) spread over several tasks by key (``ceil(rows /
+    net_task_rows)``, fewer where updates move rows between keys); below it, one
+    task nets the table's rows.
 
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).
@@ -666,8 +666,9 @@ def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid:
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,
                    spec: TableSpec, arrow_schema: Any, kinds: dict[str, int], app_id: str, to_lsn: int,
-                   metadata: dict[str, Any]) -> int:
-    """The run's versions into the history table (created, or seeded from an existing mirror, first)."""
+                   metadata: dict[str, Any], tasks: int, moved: list[tuple[int, int]]) -> int:
+    """The run's versions into the history table (created, or seeded from an existing mirror, first),
+    computed in ``tasks`` tasks (``moved`` as for `net_frame`)."""
     seed = not past.exists and plan.exists
     apply_schema(session, past)
     if seed:  # history starts now: the mirror's rows are the current versions, from where it stands
@@ -683,7 +684,7 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
     if past.exists or seed:
         if kinds.keys() & {"update", "delete", "truncate"}:
             pre = pre_image(session, past.path, typed, spec, current_only=True, everything="truncate" in kinds)
-    changes = history_frame(typed, pre, spec, arrow_schema).persist()
+    changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
     try:
         versions = changes.where(F.col("_action") == "version").count()
         merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)
@@ -754,12 +755,19 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     typed = None if fused else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
+        moved: list[tuple[int, int]] = []
+        if tasks > 1 and "update" in kinds:
+            assert typed is not None
+            with _step(f"{name}: updates that move rows between keys"):
+                moved = moved_buckets(typed, spec, tasks)
+            # Buckets that moves join go together: no more tasks than groups of buckets.
+            tasks = min(tasks, len(set(joined_buckets(tasks * BUCKETS_PER_TASK, moved))))
         versions = None
         if not history_done:
             assert past is not None and typed is not None
             with _step(f"{name}: history"):
                 versions = _write_history(session, ledger.pipeline, typed, past, plan, spec, arrow_schema, kinds,
-                                          history_app_id, to_lsn, metadata)
+                                          history_app_id, to_lsn, metadata, tasks, moved)
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         if fused:
@@ -767,12 +775,6 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, typed, spec) if looks_up else None
-            moved: list[tuple[int, int]] = []
-            if tasks > 1 and "update" in kinds:
-                with _step(f"{name}: updates that move rows between keys"):
-                    moved = moved_buckets(typed, spec, tasks)
-                # Buckets that moves join go together: no more tasks than groups of buckets.
-                tasks = min(tasks, len(set(joined_buckets(tasks * BUCKETS_PER_TASK, moved))))
             net = net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
         try:
             with _step(f"{name}: convert, pre-image, net change"):

@@ -172,12 +172,15 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 # -- Spark ------------------------------------------------------------------------------------------
 
 
-def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema) -> Any:
-    """`history_changes` of a table's run in one Spark task (as `delta.net_frame`)."""
-    from .delta import in_tasks
+def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema, *, tasks: int = 1,
+                  moved: list[tuple[int, int]] | None = None) -> Any:
+    """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
+    `delta.net_frame`: a key's versions depend on its own changes and the truncates only)."""
+    from .delta import by_key, in_tasks
 
+    buckets = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
     return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),
-                       lambda rows: history_changes(rows, spec))
+                    lambda rows: history_changes(rows, spec), tasks=tasks, buckets=buckets)
 
 
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,

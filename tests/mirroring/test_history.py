@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pgoutput_spark.mirroring.history import history_changes
 
-from .test_net import KEYED, NAMES, SCHEMA, _normal, reference, scenario
+from .test_net import KEYED, NAMES, SCHEMA, _normal, in_tasks, reference, scenario
 
 
 def _lsn(commit: int) -> int:
@@ -44,10 +44,12 @@ def _merged(initial, out):
 
 
 @settings(max_examples=400, deadline=None)
-@given(scenario(KEYED), st.randoms(use_true_random=False))
-def test_versions_valid_at_each_commit_equal_the_row_by_row_state(case, rnd):
+@given(scenario(KEYED), st.randoms(use_true_random=False), st.integers(1, 6), st.integers(1, 3))
+def test_versions_valid_at_each_commit_equal_the_row_by_row_state(case, rnd, buckets, tasks):
+    """In one task, or in several by key (`delta.by_key`)."""
     initial, changes = case
-    history = _merged(initial, history_changes(_table(initial, changes, rnd), KEYED))
+    parts = in_tasks(_table(initial, changes, rnd), KEYED, buckets, tasks, rnd.randint(1, 4))
+    history = _merged(initial, pa.concat_tables([history_changes(part, KEYED) for part in parts]))
     for commit in sorted({c["commit"] for c in changes} | {-1}):
         lsn = _lsn(commit) if commit >= 0 else 0
         valid = [{n: h[n] for n in NAMES} for h in history

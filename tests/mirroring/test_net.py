@@ -180,15 +180,10 @@ def _leaves(row, spec):
     return tuple(row["_old"][k] if spec.mode == "multiset" and k in unchanged else row[k] for k in spec.key)
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.sampled_from([KEYED, MULTISET]), st.data())
-def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
-    """What `delta.by_key` does in Spark: rows go to tasks by the bucket of the key they look up,
-    buckets an update moves a row between go together (`joined_buckets`), every task gets every
-    truncate; the tasks' outputs together merge to what the apply worker leaves."""
-    initial, changes = data.draw(scenario(spec))
-    rows = to_table(initial, changes, spec).to_pylist()
-    buckets, tasks = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3))
+def in_tasks(table, spec, buckets, tasks, chunk):
+    """``table``'s rows as `delta.by_key` and `delta.in_tasks` spread them, one table per task
+    (in chunks of ``chunk`` rows, the batches a task receives)."""
+    rows = table.to_pylist()
 
     def bucket(key):
         return zlib.crc32(repr(key).encode()) % buckets
@@ -200,7 +195,21 @@ def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
     for r in rows:
         for b in range(buckets) if r["_op"] == "truncate" else [bucket(_looks_up(r, spec))]:
             parts[joined[b] % tasks].append(r)
-    out = pa.concat_tables([net_changes(pa.Table.from_pylist(part, schema=SCHEMA), spec) for part in parts])
+    return [pa.Table.from_batches(pa.Table.from_pylist(part, schema=table.schema).to_batches(max_chunksize=chunk),
+                                  schema=table.schema) for part in parts]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([KEYED, MULTISET]), st.data())
+def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
+    """What `delta.by_key` does in Spark: rows go to tasks by the bucket of the key they look up,
+    buckets an update moves a row between go together (`joined_buckets`), every task gets every
+    truncate; the tasks' outputs together merge to what the apply worker leaves."""
+    initial, changes = data.draw(scenario(spec))
+    rnd = data.draw(st.randoms(use_true_random=False))
+    parts = in_tasks(to_table(initial, changes, spec, shuffle=rnd), spec, data.draw(st.integers(1, 6)),
+                     data.draw(st.integers(1, 3)), rnd.randint(1, 4))
+    out = pa.concat_tables([net_changes(part, spec) for part in parts])
     assert _normal(merged(initial, out, spec)) == _normal(reference(initial, changes, spec))
 
 

@@ -370,7 +370,8 @@ def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, r
 
 
 #: Change rows of a table's run per net-change task, by default (`net_frame`'s ``tasks``): a
-#: task holds them all at once (`bench_wide`'s 518,400 rows of 20 columns took some 2 GB).
+#: task holds them all at once (the benchmark's Python workers, whose largest task holds
+#: `bench_wide`'s 518,400 rows of 20 columns, peak at 2.3-2.8 GB summed).
 NET_TASK_ROWS = 1_000_000
 
 #: Key buckets per task when a table's net change is spread over tasks (`by_key`): rows go to

@@ -94,6 +94,7 @@ def test_config_errors_name_file_and_key(tmp_path):
 
     assert load_config(ROOT / "conf" / "local.yaml").apply == load_config(None).apply
     assert load_config(None).apply.net_task_rows == NET_TASK_ROWS
+    assert load_config(ROOT / "conf" / "cluster.example.yaml").apply.net_task_rows == 2_000_000  # it loads
     conf.write_text("apply:\n  net_task_rows: 0\n")
     with pytest.raises(ConfigError, match=r"apply.net_task_rows must be at least 1, got 0"):
         load_config(conf)

@@ -127,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--on-error", choices=["fail", "quarantine"])
     apply.add_argument("--quarantine", help=argparse.SUPPRESS)
     apply.add_argument("--parallelism", type=int, help="tables merged at once (default: apply.parallelism)")
+    apply.add_argument("--net-task-rows", type=_positive, metavar="N",
+                       help="a table with more change rows in a run has its net change computed in several "
+                            "tasks by key, N rows each (default: apply.net_task_rows)")
     apply.add_argument("--rebuild", action="append", default=[], metavar="SCHEMA.TABLE",
                        help="rebuild this mirror from the start of the capture (repeatable)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
@@ -136,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="end the slice at the last capture row matching this predicate, "
                               "e.g. \"landed_date = '2026-11-01'\"")
     apply.add_argument("--max-messages", type=_positive, metavar="N",
-                       help="apply at most N messages after the target's position (a run holds each "
-                            "table's net change in one task); with --until-caught-up, run until none remain")
+                       help="apply at most N messages after the target's position; with "
+                            "--until-caught-up, run until none remain")
     apply.add_argument("--until-caught-up", action="store_true",
                        help="run again after each bounded run until the capture (or slice) is applied")
     apply.add_argument("--master", help="Spark master (default from the configuration)")
@@ -231,7 +234,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                            until_seq=args.until_seq,
                            until_lsn=None if args.until_lsn is None else int(args.until_lsn),
                            slice_where=args.slice_where, max_messages=args.max_messages,
-                           net_task_rows=config.apply.net_task_rows, progress=say,
+                           net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
                            rebuild=rebuild)
         if not (args.until_caught_up and (result.remaining or result.redone)):
             return result

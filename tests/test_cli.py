@@ -191,14 +191,16 @@ def test_every_shipped_configuration_loads(name):
 
 def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
     """--max-messages with --until-caught-up: runs of at most N messages, one after another,
-    to the tables one run gives."""
+    to the tables one run gives (the larger tables' net change in tasks of 100 rows)."""
     from pgoutput_spark.apply import run_apply, status
     from pgoutput_spark.capture import read_capture
 
     target = str(tmp_path / "bounded")
-    assert main(["apply", "--target", target, "--max-messages", "700", "--until-caught-up"]) == 0
+    assert main(["apply", "--target", target, "--max-messages", "700", "--until-caught-up",
+                 "--net-task-rows", "100"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("capture slice: after seq 1399 up to seq 1808\n")
+    assert "net change in 4 tasks" in captured.out  # shop.orders: 305 inserts, 100 rows a task
     assert [line for line in captured.err.splitlines() if "running again" in line] == [
         "run up to seq 699 done (700 messages); running again",
         "run up to seq 1399 done (700 messages); running again"]

@@ -47,12 +47,11 @@ from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
 from .mirroring.history import history_fields, history_frame, merge_history
-from .mirroring.net import TableSpec, joined_buckets
+from .mirroring.net import TableSpec
 from .mirroring.delta import (
     DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
     METADATA_KEY,
-    BUCKETS_PER_TASK,
     NET_TASK_ROWS,
     CatalogError,
     SchemaPlan,
@@ -298,9 +297,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     ``--until-caught-up``) to continue.
 
     ``net_task_rows``: a table with more change rows in the run than this has its
-    net change (and history) spread over several tasks by key (``ceil(rows /
-    net_task_rows)``, fewer where updates move rows between keys); below it, one
-    task nets the table's rows.
+    net change (and history) spread over ``ceil(rows / net_task_rows)`` tasks by
+    key (where updates move rows between keys, some tasks may get fewer rows and
+    others more); below it, one task nets the table's rows.
 
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).
@@ -759,9 +758,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if tasks > 1 and "update" in kinds:
             assert typed is not None
             with _step(f"{name}: updates that move rows between keys"):
-                moved = moved_buckets(typed, spec, tasks)
-            # Buckets that moves join go together: no more tasks than groups of buckets.
-            tasks = min(tasks, len(set(joined_buckets(tasks * BUCKETS_PER_TASK, moved))))
+                moved = moved_buckets(typed, spec, tasks)  # buckets joined: some tasks may get no rows
         versions = None
         if not history_done:
             assert past is not None and typed is not None

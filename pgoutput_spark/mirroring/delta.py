@@ -317,9 +317,8 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
-    buckets = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
     return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec),
-                    tasks=tasks, buckets=buckets)
+                    spec=spec, tasks=tasks, moved=moved)
 
 
 def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
@@ -344,19 +343,21 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
 
 def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
-             compute: Callable[[pa.Table], pa.Table], *, tasks: int = 1,
-             buckets: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+             compute: Callable[[pa.Table], pa.Table], *, spec: TableSpec | None = None, tasks: int = 1,
+             moved: list[tuple[int, int]] | None = None) -> DataFrame:
     """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task;
-    or, with ``buckets`` (`by_key`: the rows with a bucket column), over each of ``tasks``
-    partitions of the rows by bucket."""
+    or, with ``tasks`` > 1, over each of ``tasks`` partitions of them by key (`by_key` with
+    ``spec`` and ``moved``)."""
     rows = typed if pre is None else typed.unionByName(pre)
+    spread = tasks > 1
     extra = []
-    if buckets is not None:
-        rows, extra = buckets(rows), [_BUCKET]
+    if spread:
+        assert spec is not None
+        rows, extra = by_key(rows, spec, tasks, moved or []), [_BUCKET]
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.
     rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names, *extra))
-    rows = rows.repartition(1) if buckets is None else rows.repartition(tasks, _BUCKET).drop(_BUCKET)
+    rows = rows.repartition(tasks, _BUCKET).drop(_BUCKET) if spread else rows.repartition(1)
     schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

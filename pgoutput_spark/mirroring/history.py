@@ -176,11 +176,10 @@ def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema
                   moved: list[tuple[int, int]] | None = None) -> Any:
     """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
     `delta.net_frame`: a key's versions depend on its own changes and the truncates only)."""
-    from .delta import by_key, in_tasks
+    from .delta import in_tasks
 
-    buckets = None if tasks <= 1 else (lambda rows: by_key(rows, spec, tasks, moved or []))
     return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),
-                    lambda rows: history_changes(rows, spec), tasks=tasks, buckets=buckets)
+                    lambda rows: history_changes(rows, spec), spec=spec, tasks=tasks, moved=moved)
 
 
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pgoutput_spark.mirroring.history import history_changes
 
-from .test_net import KEYED, NAMES, SCHEMA, _normal, in_tasks, reference, scenario
+from .test_net import KEYED, NAMES, SCHEMA, _normal, per_task, reference, scenario
 
 
 def _lsn(commit: int) -> int:
@@ -48,7 +48,7 @@ def _merged(initial, out):
 def test_versions_valid_at_each_commit_equal_the_row_by_row_state(case, rnd, buckets, tasks):
     """In one task, or in several by key (`delta.by_key`)."""
     initial, changes = case
-    parts = in_tasks(_table(initial, changes, rnd), KEYED, buckets, tasks, rnd.randint(1, 4))
+    parts = per_task(_table(initial, changes, rnd), KEYED, buckets, tasks, rnd.randint(1, 4))
     history = _merged(initial, pa.concat_tables([history_changes(part, KEYED) for part in parts]))
     for commit in sorted({c["commit"] for c in changes} | {-1}):
         lsn = _lsn(commit) if commit >= 0 else 0

@@ -180,7 +180,7 @@ def _leaves(row, spec):
     return tuple(row["_old"][k] if spec.mode == "multiset" and k in unchanged else row[k] for k in spec.key)
 
 
-def in_tasks(table, spec, buckets, tasks, chunk):
+def per_task(table, spec, buckets, tasks, chunk):
     """``table``'s rows as `delta.by_key` and `delta.in_tasks` spread them, one table per task
     (in chunks of ``chunk`` rows, the batches a task receives)."""
     rows = table.to_pylist()
@@ -207,7 +207,7 @@ def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
     truncate; the tasks' outputs together merge to what the apply worker leaves."""
     initial, changes = data.draw(scenario(spec))
     rnd = data.draw(st.randoms(use_true_random=False))
-    parts = in_tasks(to_table(initial, changes, spec, shuffle=rnd), spec, data.draw(st.integers(1, 6)),
+    parts = per_task(to_table(initial, changes, spec, shuffle=rnd), spec, data.draw(st.integers(1, 6)),
                      data.draw(st.integers(1, 3)), rnd.randint(1, 4))
     out = pa.concat_tables([net_changes(part, spec) for part in parts])
     assert _normal(merged(initial, out, spec)) == _normal(reference(initial, changes, spec))

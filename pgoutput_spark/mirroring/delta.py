@@ -398,6 +398,12 @@ def _identity(rows: DataFrame, spec: TableSpec, which: str) -> list[Column]:
     return out
 
 
+def _buckets(tasks: int) -> int:
+    """Key buckets of a net change spread over ``tasks`` tasks: `moved_buckets`' pairs are
+    buckets of this many, so `by_key` must use the same number."""
+    return tasks * BUCKETS_PER_TASK
+
+
 def _bucket(columns: list[Column], buckets: int) -> Column:
     return F.pmod(F.hash(*columns), F.lit(buckets))
 
@@ -409,7 +415,7 @@ def net_tasks(rows: int, updates: int, spec: TableSpec, net_task_rows: int) -> i
     graph on B buckets is one group beyond about B ln B / 2 edges): spread, it would still be
     one task, after a conversion of its rows in tasks of their own."""
     tasks = max(1, -(-rows // net_task_rows))
-    buckets = tasks * BUCKETS_PER_TASK
+    buckets = _buckets(tasks)
     if tasks > 1 and spec.mode == "multiset" and updates > buckets * math.log(buckets) / 2:
         return 1
     return tasks
@@ -418,7 +424,7 @@ def net_tasks(rows: int, updates: int, spec: TableSpec, net_task_rows: int) -> i
 def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[int, int]]:
     """The (from, to) key buckets of `by_key` of the run's updates that move a row to a key
     in another bucket (a key change; for a multiset, any update)."""
-    buckets = tasks * BUCKETS_PER_TASK
+    buckets = _buckets(tasks)
     pairs = typed.where((F.col("_op") == "update") & F.col("_old").isNotNull()).select(
         _bucket(_identity(typed, spec, "old"), buckets).alias("a"),
         _bucket(_identity(typed, spec, "new"), buckets).alias("b"))
@@ -433,7 +439,7 @@ def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, 
     joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
     after its key changed meet in one task (`net.joined_buckets`).
     """
-    buckets = tasks * BUCKETS_PER_TASK
+    buckets = _buckets(tasks)
     joined = joined_buckets(buckets, moved)
     bucket = F.when(F.col("_op") == "truncate", F.sequence(F.lit(0), F.lit(buckets - 1))).otherwise(
         F.array(_bucket(_identity(rows, spec, "old"), buckets)))

@@ -867,7 +867,8 @@ class Status:
         for r in self.runs[-last:]:
             to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
             changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
-            lines.append(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  seq {r['lo_seq']}..{r['hi_seq']}  "
+            after = "the start" if r["lo_seq"] is None else f"seq {r['lo_seq']}"
+            lines.append(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  after {after} up to seq {r['hi_seq']}  "
                          f"to {to}  messages {r['messages']}  transactions {r['transactions']}  "
                          f"rows changed {changed}  skipped {r['quarantined_rows']}  "
                          f"quarantined {r['quarantined_messages']}  {r['duration_s']:.1f} s")

@@ -157,6 +157,7 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     last_commit = max(decode_message(m).commit_lsn for m in raw if m[:1] == b"C")
     assert f"consistent read point: {Lsn(last_commit)}" in out
     assert "runs: 1" in out and "mirrors:" in out and "shop.orders" in out
+    assert "  after the start up to seq 1808  to " in out  # the run's slice
 
 
 def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, restore_spark_conf):

@@ -288,6 +288,9 @@ def _options(recorded, conn, **given) -> PluginOptions:  # type: ignore[no-untyp
     for name, value in given.items():
         if value is not None:
             base[name] = tuple(value) if name == "publications" else value
+    if not base["publications"]:
+        raise CaptureError("a new landing needs its publications: name them with --publication "
+                           "(publications=...); later captures into it reuse the ones it records")
     try:
         return PluginOptions.from_dict(base)
     except ValueError as exc:

@@ -311,7 +311,9 @@ def test_slot_and_publication_problems_are_named(pg15: PgCluster, tmp_path: Path
         pg15, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
     assert "protocol version 4 needs PostgreSQL 16" in _capture_error(
         pg15, db, tmp_path / "e", slot=f"{db}_plain", proto_version=4)
-    assert not (tmp_path / "a").exists()
+    assert "a new landing needs its publications" in _capture_error(
+        pg15, db, tmp_path / "f", slot=f"{db}_plain", publications=None)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "f").exists()
 
 
 def test_a_slot_moved_on_by_someone_else_is_refused(pg15: PgCluster, tmp_path: Path) -> None:

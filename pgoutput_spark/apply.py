@@ -429,15 +429,26 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     try:
+        starts = ledger.starts()  # relation -> the LSN a re-snapshot left its mirror at
         touched = committed.select(F.explode(F.when(
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
-            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type")
+            .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type",
+            "seq", "commit_lsn")
+        start = F.lit(None)
+        for oid, lsn in starts.items():
+            start = F.when(F.col("relation_id") == oid, F.lit(lsn)).otherwise(start)
+        written = F.when(start.isNull() | (F.col("commit_lsn") >= start), F.col("seq"))
         with _step("collect the touched tables"):
             kinds: dict[int, dict[str, int]] = {}  # relation -> message type -> change rows
             n_changes: dict[int, int] = {}  # change rows per relation (truncates included)
-            for r in touched.groupBy("relation_id", "message_type").count().collect():
-                kinds.setdefault(r["relation_id"], {})[r["message_type"]] = r["count"]
-                n_changes[r["relation_id"]] = n_changes.get(r["relation_id"], 0) + r["count"]
+            first_seq: dict[int, int] = {}  # relation -> its first change the run writes
+            for r in touched.groupBy("relation_id", "message_type").agg(
+                    F.count(F.lit(1)).alias("count"), F.min(written).alias("first")).collect():
+                oid = r["relation_id"]
+                kinds.setdefault(oid, {})[r["message_type"]] = r["count"]
+                n_changes[oid] = n_changes.get(oid, 0) + r["count"]
+                if r["first"] is not None:
+                    first_seq[oid] = min(first_seq.get(oid, r["first"]), r["first"])
             relations = sorted(kinds)
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
                                  F.countDistinct("commit_seq")).first()
@@ -449,7 +460,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
-        starts = ledger.starts() if relations or rebuild.tables else {}
         rebuilt = rebuild.relations(history, tables, starts)
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
         excluded = sorted({_first_name(history, oid) for oid in relations
@@ -457,7 +467,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         relations = [oid for oid in relations if tables.selected(_first_name(history, oid))]
         # Every schema decision before anything is written.
         with _step(f"plan {len(relations)} schemas"):
-            plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in relations}
+            plans = {oid: _plan(spark, ledger.root, history, oid, table_path, first_seq.get(oid))
+                     for oid in relations}
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
             rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
@@ -484,7 +495,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 out = []
                 for i, oid in enumerate(oids):
                     # A later relation on the same path finds the mirror as the earlier one left it.
-                    plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path)
+                    plan = plans[oid] if i == 0 else _plan(session, ledger.root, history, oid, table_path,
+                                                           first_seq.get(oid))
                     past = histories.get(oid)
                     if past is not None and i > 0:
                         past = _history_plan(session, ledger.root, history, oid, plan, tables, history_path)
@@ -550,11 +562,14 @@ def _child_session(spark: SparkSession) -> SparkSession:
 
 
 def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
-          table_path: str) -> SchemaPlan:
+          table_path: str, first_seq: int | None = -1) -> SchemaPlan:
+    """The mirror's schema plan for a run whose first change of the table to write is at
+    ``first_seq`` (None: it writes none; -1: every version's columns, as a replay from the start)."""
     first = history.relations[oid][0]  # a renamed table keeps the mirror it started with
     latest = history.latest(oid)
     return plan_schema(spark, mirror_path(root, first.namespace, first.name, table_path),
-                       f"{latest.namespace}.{latest.name}", history.table_columns(oid))  # type: ignore[arg-type]
+                       f"{latest.namespace}.{latest.name}", history.table_columns(oid),  # type: ignore[arg-type]
+                       carried=history.columns_since(oid, first_seq))
 
 
 def _first_name(history: RelationHistory, oid: int) -> str:
@@ -660,7 +675,8 @@ def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid:
     timestamp = change_schema(plan.columns).field("_commit_ts").type
     columns = [*plan.columns, *[(f.name, f.type) for f in history_fields(timestamp)]]
     return plan_schema(spark, mirror_path(root, first.namespace, first.name, template), f"{name} (history)",
-                       columns)  # type: ignore[arg-type]
+                       columns, remedy="Move the history table away: the next run starts a new one "  # type: ignore[arg-type]
+                       "from the mirror's rows")
 
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,

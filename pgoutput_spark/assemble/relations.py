@@ -114,6 +114,17 @@ class RelationHistory:
     def latest(self, relation_id: int) -> RelationVersion:
         return self.relations[relation_id][-1]
 
+    def columns_since(self, relation_id: int, seq: int | None) -> set[str]:
+        """The names of the columns a change at or after ``seq`` can carry (those of the version
+        in effect at ``seq`` and of later ones); with ``seq`` None, the latest version's."""
+        versions = self.relations[relation_id]
+        if seq is not None:
+            first = max(0, bisect.bisect_left([v.seq for v in versions], seq) - 1)
+            versions = versions[first:]
+        else:
+            versions = versions[-1:]
+        return {c.name for v in versions for c in v.columns}
+
     def table_columns(self, relation_id: int) -> list[tuple[str, object]]:
         """(name, Arrow type) of every column any version had, in first-seen order.
 

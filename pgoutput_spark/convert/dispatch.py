@@ -72,9 +72,12 @@ _INTEGER_DIGITS = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}
 def widens(old: pa.DataType, new: pa.DataType) -> bool:
     """Whether every value of type ``old`` is one of type ``new`` without loss, as Delta's type
     widening allows: a smaller integer to a larger one or to a decimal with room for its digits,
-    float to double, a decimal to one with as many digits on each side of the point or more."""
+    float to double, a decimal to one with as many digits on each side of the point or more;
+    an array to one whose elements widen."""
     if old == new:
         return True
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return widens(old.value_type, new.value_type)
     if old in _INTEGERS and new in _INTEGERS:
         return _INTEGERS.index(old) < _INTEGERS.index(new)
     if old == pa.float32() and new == pa.float64():

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,21 +186,35 @@ class SchemaPlan:
 
 
 def plan_schema(spark: SparkSession, path: str, table: str, columns: list[tuple[str, pa.DataType]], *,
-                remedy: str = "Re-snapshot the table into a new mirror") -> SchemaPlan:
+                remedy: str | None = None, overwrite: bool = False,
+                carried: Collection[str] | None = None) -> SchemaPlan:
     """Compare the source's columns with the mirror's; raise `SchemaChangeError` if they cannot meet.
 
     A column whose source type narrowed keeps the mirror's wider type (values
     are converted to it); one that widened is widened in Delta; any other type
-    change is an error naming the table, column and both types, and ``remedy``.
-    Columns of the Delta table that are not in ``columns`` are left alone.
+    change is an error naming the table, column and both types, and ``remedy``
+    (default: a re-snapshot of the table). Columns of the Delta table that are
+    not in ``columns`` are left alone. With ``overwrite`` (a re-snapshot that
+    replaces the mirror's rows and columns) the mirror's types do not matter.
+    ``carried``, if given, names the columns the run's rows can carry: another
+    column of ``columns`` (dropped in the source before the run's first change)
+    is planned only where the mirror has it (its values there become NULL as
+    rows change), never added (a re-snapshot after the drop left it out).
     """
     from ..capture import _is_delta
 
+    exists = _is_delta(spark, path)
+    existing = ({f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+                if exists and not overwrite else {})
+    if carried is not None:
+        columns = [(name, arrow) for name, arrow in columns if name in carried or name in existing]
     wanted = from_arrow_schema(pa.schema(columns), prefer_timestamp_ntz=True)
-    if not _is_delta(spark, path):
+    if not exists or overwrite:
         _check_case_collisions(table, path, [name for name, _ in columns])
-        return SchemaPlan(path, False, columns, list(wanted.fields), [])
-    existing = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+        return SchemaPlan(path, exists, columns, [] if exists else list(wanted.fields), [])
+    if remedy is None:
+        remedy = (f"Re-snapshot the table (pgoutput-spark snapshot --table {table} ...): it overwrites the "
+                  f"mirror, rows and columns, and the apply goes on from there")
     _check_case_collisions(table, path, [*existing, *(n for n, _ in columns if n not in existing)])
     add, widen, out = [], [], []
     for (name, arrow), field in zip(columns, wanted.fields):
@@ -255,8 +269,10 @@ def apply_schema(spark: SparkSession, plan: SchemaPlan) -> None:
         columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in plan.add)
         spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({columns})")
     for field in plan.widen:
-        spark.sql(f"ALTER TABLE {target} ALTER COLUMN {quote(field.name)} TYPE "
-                  f"{field.dataType.simpleString()}")
+        name, data_type = quote(field.name), field.dataType
+        while isinstance(data_type, T.ArrayType):  # Delta widens an array's elements, not the array
+            name, data_type = f"{name}.element", data_type.elementType
+        spark.sql(f"ALTER TABLE {target} ALTER COLUMN {name} TYPE {data_type.simpleString()}")
 
 
 # -- the run's rows -------------------------------------------------------------------------------
@@ -644,6 +660,8 @@ def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) ->
             continue
         if meta.get("app_id") == app_id and meta.get("to_lsn", -1) >= version:
             m = commit["operationMetrics"] or {}
+            if meta.get("snapshot"):  # a re-snapshot since: the run's changes are in its rows
+                return {"inserted": 0, "updated": 0, "deleted": 0}
             if commit["operation"] == "WRITE":  # an append (see `append`)
                 return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
             return {"inserted": int(m.get("numTargetRowsInserted", 0)),

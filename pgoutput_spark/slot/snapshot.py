@@ -284,7 +284,8 @@ def snapshot_tables(
         plans = {}
         for table in chosen:
             path = mirror_path(target, table.schema, table.name, template)
-            plan = plan_schema(spark, path, f"{table.schema}.{table.name}", table.arrow_columns())
+            plan = plan_schema(spark, path, f"{table.schema}.{table.name}", table.arrow_columns(),
+                               overwrite=replace)
             if plan.exists and not replace:
                 raise CaptureError(f"{table.schema}.{table.name}: a mirror exists at {path}; a snapshot"
                                    " starts a new pipeline into new mirrors (re-snapshot it with tables=)")

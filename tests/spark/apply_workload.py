@@ -363,7 +363,7 @@ SETUP = f"""
     CREATE TABLE trunc_b (id int PRIMARY KEY, v text);
     CREATE TABLE evolve_add (id int PRIMARY KEY, v text);
     CREATE TABLE evolve_drop (id int PRIMARY KEY, keep text, gone text, gone2 int);
-    CREATE TABLE evolve_type (id int PRIMARY KEY, n int, s varchar(10), amount numeric(10, 2));
+    CREATE TABLE evolve_type (id int PRIMARY KEY, n int, s varchar(10), amount numeric(10, 2), ns int[]);
     CREATE TABLE ident_switch (id int PRIMARY KEY, v text, n int);
     CREATE TABLE rowfilt (id int PRIMARY KEY, grp int, v text);
     ALTER TABLE rowfilt REPLICA IDENTITY FULL;
@@ -473,8 +473,8 @@ def _schema_changes(d: Driver) -> None:
     d.txn("INSERT INTO evolve_add VALUES (1, 'a'), (2, 'b')",
           "INSERT INTO evolve_drop VALUES (1, 'k1', 'g1', 1), (2, 'k2', 'g2', 2), (3, 'k3', 'g3', 3),"
           " (4, 'k4', NULL, 4)",
-          "INSERT INTO evolve_type VALUES (1, 1, 'one', 1.50), (2, -2147483648, 'ten chars!', -99999999.99),"
-          " (3, NULL, NULL, NULL)",
+          "INSERT INTO evolve_type VALUES (1, 1, 'one', 1.50, '{1,NULL}'),"
+          " (2, -2147483648, 'ten chars!', -99999999.99, '{-2147483648}'), (3, NULL, NULL, NULL, NULL)",
           "INSERT INTO ident_switch VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
     d.txn("UPDATE evolve_drop SET gone = 'g2b' WHERE id = 2")
     d.txn("ALTER TABLE evolve_add ADD COLUMN extra bigint")
@@ -484,8 +484,9 @@ def _schema_changes(d: Driver) -> None:
     d.drop_column("public", "evolve_drop", "gone2")
     d.txn("DELETE FROM evolve_drop WHERE id = 3", "INSERT INTO evolve_drop VALUES (6, 'k6')")
     d.txn("ALTER TABLE evolve_type ALTER COLUMN n TYPE bigint, ALTER COLUMN s TYPE text,"
-          " ALTER COLUMN amount TYPE numeric(14, 4)")
-    d.txn("INSERT INTO evolve_type VALUES (4, 1099511627776, 'a string longer than ten', 12345.6789)",
+          " ALTER COLUMN amount TYPE numeric(14, 4), ALTER COLUMN ns TYPE bigint[]")
+    d.txn("INSERT INTO evolve_type VALUES (4, 1099511627776, 'a string longer than ten', 12345.6789,"
+          " '{1099511627776,NULL,2}')",
           "UPDATE evolve_type SET n = -8589934592 WHERE id = 1")
     d.txn("UPDATE ident_switch SET v = 'a2' WHERE id = 1")
     d.txn("ALTER TABLE ident_switch REPLICA IDENTITY FULL")

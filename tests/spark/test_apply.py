@@ -20,6 +20,7 @@ from pgoutput_spark.mirroring.delta import SchemaChangeError
 from ..decoder import builders as b
 
 INT4, INT8, TEXT = 23, 20, 25
+INT4_ARRAY, INT8_ARRAY = 1007, 1016
 
 
 def _frame(spark, messages, start=0):
@@ -252,21 +253,26 @@ def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
 
 def test_schema_changes_add_widen_keep_dropped_and_renamed_columns(spark, tmp_path):
     root = str(tmp_path / "target")  # a table name with a backtick: its path goes into Delta's SQL
-    v1 = b.relation(3, "public", "s`q", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b", TEXT, -1)])
-    first = _txn(800, 1000, v1, b.insert(3, _t(1, 10, "b1")), b.insert(3, _t(2, 20, "b2")))
+    v1 = b.relation(3, "public", "s`q", "d", [(1, "id", INT4, -1), (0, "a", INT4, -1), (0, "b", TEXT, -1),
+                                            (0, "e", INT4_ARRAY, -1), (0, "f", INT8_ARRAY, -1)])
+    first = _txn(800, 1000, v1, b.insert(3, _t(1, 10, "b1", "{1,NULL}", "{5}")),
+                 b.insert(3, _t(2, 20, "b2", "{2}", None)))
     run_apply(spark, _frame(spark, first), root)
-    # a widens to bigint, b is renamed to c, a new column d appears.
+    # a widens to bigint, and e's elements too (Delta widens an array's elements); f's narrow,
+    # so the mirror keeps bigint[]; b is renamed to c, a new column d appears.
     v2 = b.relation(3, "public", "s`q", "d", [(1, "id", INT4, -1), (0, "a", INT8, -1), (0, "c", TEXT, -1),
-                                            (0, "d", INT4, -1)])
-    second = _txn(801, 2000, v2, b.insert(3, _t(3, 2**40, "c3", 3)), b.update(3, _t(1, 11, "c1", 1)))
+                                            (0, "d", INT4, -1), (0, "e", INT8_ARRAY, -1), (0, "f", INT4_ARRAY, -1)])
+    second = _txn(801, 2000, v2, b.insert(3, _t(3, 2**40, "c3", 3, "{%d}" % 2**41, "{7,8}")),
+                  b.update(3, _t(1, 11, "c1", 1, "{1}", "{6}")))
     run_apply(spark, _frame(spark, first + second), root)
     frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "s`q"))
     types = {f.name: f.dataType for f in frame.schema.fields}
     assert types == {"id": T.IntegerType(), "a": T.LongType(), "b": T.StringType(), "c": T.StringType(),
-                     "d": T.IntegerType()}
+                     "d": T.IntegerType(), "e": T.ArrayType(T.LongType()), "f": T.ArrayType(T.LongType())}
     # A renamed column is a dropped column (kept, NULL for rows changed since) plus a new one.
-    assert sorted(tuple(r) for r in frame.select("id", "a", "b", "c", "d").collect()) == [
-        (1, 11, None, "c1", 1), (2, 20, "b2", None, None), (3, 2**40, None, "c3", 3)]
+    assert sorted(tuple(r) for r in frame.select("id", "a", "b", "c", "d", "e", "f").collect()) == [
+        (1, 11, None, "c1", 1, [1], [6]), (2, 20, "b2", None, None, [2], None),
+        (3, 2**40, None, "c3", 3, [2**41], [7, 8])]
 
 
 def test_a_type_change_delta_cannot_follow_fails_before_anything_is_written(spark, tmp_path):

@@ -340,7 +340,7 @@ def _check_types(mirrors: Mirrors) -> None:
     assert {c: _plain_type(t) for c, t in got.items()} == {c: _plain_type(t) for c, t in want.items()}
     evolved = {f.name: f.dataType for f in mirrors.schema("public", "evolve_type").fields}
     assert evolved == {"id": T.IntegerType(), "n": T.LongType(), "s": T.StringType(),
-                       "amount": T.DecimalType(14, 4)}
+                       "amount": T.DecimalType(14, 4), "ns": T.ArrayType(T.LongType())}
 
 
 def _plain_type(t: T.DataType) -> str:

@@ -265,3 +265,22 @@ def test_type_changes_widen_keep_the_wider_type_or_fail_before_anything_is_writt
                                                     r"nothing was written\. Move the change table away"):
             run_changes(spark, _frame(spark, capture), target)
         assert _versions(spark, path) == versions
+
+
+def test_an_arrays_elements_widen_in_the_change_table_and_its_old_field(spark, tmp_path):
+    from ..decoder import builders as b
+    from .test_apply import INT4, INT4_ARRAY, INT8_ARRAY, _frame, _t, _txn
+
+    target = str(tmp_path / "target")
+    v1 = b.relation(7, "public", "arr", "f", [(1, "id", INT4, -1), (1, "ns", INT4_ARRAY, -1)])
+    capture = _txn(910, 1000, v1, b.insert(7, _t(1, "{1,NULL}")))
+    run_changes(spark, _frame(spark, capture), target)
+    v2 = b.relation(7, "public", "arr", "f", [(1, "id", INT4, -1), (1, "ns", INT8_ARRAY, -1)])
+    capture += _txn(911, 2000, v2, b.update(7, _t(1, "{%d}" % 2**40), old=_t(1, "{1,NULL}"), old_kind="O"))
+    run_changes(spark, _frame(spark, capture), target)
+    frame = spark.read.format("delta").load(f"{target}/_changes/public/arr")
+    assert frame.schema["ns"].dataType == T.ArrayType(T.LongType())
+    assert frame.schema["_old"].dataType["ns"].dataType == T.ArrayType(T.LongType())
+    rows = frame.orderBy("_commit_seq", "_seq").collect()
+    assert [(r["_op"], r["ns"], r["_old"] and r["_old"]["ns"]) for r in rows] == [
+        ("insert", [1, None], None), ("update", [2**40], [1, None])]

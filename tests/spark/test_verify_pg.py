@@ -10,6 +10,7 @@ import pytest
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.cli import main
+from pgoutput_spark.mirroring.delta import SchemaChangeError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
@@ -99,4 +100,27 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     capture_slot(landing, slot=slot, dsn=dsn)
     run_apply(spark, read_capture(spark, landing), target)
     assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+
+    # A type change Delta cannot follow (int[] -> text) stops the apply before anything is
+    # written, naming the remedy: a re-snapshot, which takes the source's columns as they are
+    # now (a renamed column's old name goes too) and which the apply then goes on from.
+    pg15.execute("ALTER TABLE typed ALTER COLUMN ia TYPE text USING ia::text;"
+                 " ALTER TABLE typed RENAME COLUMN t TO title;"
+                 " UPDATE typed SET ia = 'now text' WHERE id = 8", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    with pytest.raises(SchemaChangeError, match=r"public\.typed: column 'ia' changed type from array<int> to "
+                                                r"string, .* Re-snapshot the table \(pgoutput-spark snapshot "
+                                                r"--table public\.typed \.\.\.\)"):
+        run_apply(spark, read_capture(spark, landing), target)
+    assert main(resnapshot[:-2]) == 0 and "re-snapshot as of" in capsys.readouterr().out  # typed only
+    redone = run_apply(spark, read_capture(spark, landing), target)  # the failed run's slice: in the snapshot
+    assert {t.table: (t.inserted, t.updated, t.deleted) for t in redone.tables}["public.typed"] == (0, 0, 0)
+    pg15.execute("UPDATE typed SET ia = 'after', title = 'renamed' WHERE id = 9", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    result = run_apply(spark, read_capture(spark, landing), target)
+    assert {t.table: (t.inserted, t.updated, t.deleted) for t in result.tables}["public.typed"] == (0, 1, 0)
+    assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+    columns = spark.read.format("delta").load(f"{target}/public/typed").schema
+    assert columns["ia"].dataType.simpleString() == "string" and "title" in columns.names
+    assert "t" not in columns.names
     pg15.drop_slot(slot, dbname=db)

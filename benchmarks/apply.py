@@ -47,6 +47,7 @@ from workload import PROTO_VERSION, PUBLICATION, ROWS_PER_FILE, _Workload
 import pgoutput_spark
 from pgoutput_spark.decoder.messages import decode_message
 from pgoutput_spark.mirroring.delta import NET_TASK_ROWS
+from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.decoder.protocol import MessageType
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster
@@ -777,7 +778,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             header(f"[a] end to end: {e2e_info['changes']:,} changes ({e2e_info['messages']:,} messages) "
                    f"capture files -> Delta mirrors, vs a PostgreSQL 15 subscriber", loads)
             results["e2e"] = run_e2e(spark, e2e_info, e2e_path, out, args.e2e_runs,
-                                     net_task_rows=args.net_task_rows)
+                                     net_task_rows=args.net_task_rows, tables=args.tables)
         if captures:
             header(f"[b] {args.merge_changes:,} changes merged into a keyed mirror of "
                    f"{' and '.join(f'{r:,}' for r in args.sizes)} rows (best of {args.merge_runs})", loads)
@@ -855,6 +856,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a Spark setting for the session (repeatable), e.g. spark.driver.extraJavaOptions=...")
     parser.add_argument("--net-task-rows", type=int, default=NET_TASK_ROWS,
                         help=f"[a]: change rows of a table per net-change task (default {NET_TASK_ROWS:,})")
+    parser.add_argument("--key", action="append", default=[], metavar="SCHEMA.TABLE=COL[,COL]",
+                        help="[a]: declare a table's key (`tables.keys`; repeatable), e.g. "
+                             "public.bench_wide=id: its mirror is keyed as the subscriber's table is")
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory (default 2g)")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent / "data",
                         help="where captures and mirrors are kept (default: benchmarks/data, gitignored)")
@@ -869,6 +873,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--sizes: expected comma-separated integers, got {args.sizes!r}")
+    try:
+        args.tables = TablesConfig(keys={t: tuple(c.split(",")) for t, c in (k.split("=", 1) for k in args.key)})
+    except ValueError:
+        parser.error(f"--key: expected SCHEMA.TABLE=COL[,COL], got {args.key}")
     args.merge_variants = [v.strip() for v in args.merge_variants.split(",") if v.strip()]
     if not set(args.merge_variants) <= {"dv", "no-dv", "recent"}:
         parser.error(f"--merge-variants: dv, no-dv and recent only, got {args.merge_variants}")

@@ -107,7 +107,7 @@ def _mod_sum(hashes: np.ndarray) -> int:
 class TableCheck:
     table: str
     path: str
-    state: str  # equal | differs | not comparable
+    state: str  # equal | differs | not comparable | no source
     source_rows: int = 0
     mirror_rows: int | None = None
     source_hash: int = 0
@@ -139,7 +139,9 @@ class VerifyResult:
         lines = [f"source at {self.source_lsn}, mirrors applied up to {applied}"]
         lines += [t.render() for t in sorted(self.tables, key=lambda t: t.table)]
         counts = {s: sum(t.state == s for t in self.tables) for s in ("equal", "differs", "not comparable")}
-        lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+        orphans = sum(t.state == "no source" for t in self.tables)
+        lines.append(", ".join(f"{n} {s}" for s, n in counts.items())
+                     + (f", {orphans} without a source" if orphans else ""))
         return "\n".join(lines)
 
 
@@ -208,6 +210,12 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
             if keys:
                 check.keys = _differing_keys(key_rows, mirror_keys)
         checks.append(check)
+    compared = {c.path for c in checks}
+    for name, (path, rows) in applied.mirrors.items():  # mirrors the runs wrote, by their first name
+        if path not in compared and (selection is None or selection.selected(name)):
+            checks.append(TableCheck(name, path, "no source", 0, mirror_rows=rows,
+                                     reason="no published table of this name now (dropped, renamed or "
+                                            "left the publication): the mirror keeps its last rows"))
     return VerifyResult(point, None if applied.read_point is None else Lsn(applied.read_point), checks)
 
 

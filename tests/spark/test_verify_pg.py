@@ -123,4 +123,14 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     columns = spark.read.format("delta").load(f"{target}/public/typed").schema
     assert columns["ia"].dataType.simpleString() == "string" and "title" in columns.names
     assert "t" not in columns.names
+
+    # A mirror whose table is gone from the publication is listed, not compared, not drift.
+    (bag_rows,), = pg15.query("SELECT count(*) FROM bag", dbname=db)
+    pg15.execute("DROP TABLE bag", dbname=db)
+    orphaned = verify_mirrors(spark, target, landing, dsn=dsn)
+    assert _states(orphaned) == {"public.typed": "equal", "public.bag": "no source"}, orphaned.render()
+    bag = next(t for t in orphaned.tables if t.table == "public.bag")
+    assert bag.mirror_rows == bag_rows and "dropped, renamed or left the publication" in bag.reason
+    assert main(command) == 0 and "1 equal, 0 differs, 0 not comparable, 1 without a source" in \
+        capsys.readouterr().out
     pg15.drop_slot(slot, dbname=db)

@@ -55,3 +55,17 @@ def test_a_job_runs_under_spark_submit_from_a_wheel(tmp_path):
     ours = [line for line in bad.stdout.splitlines() if line.startswith("pgoutput-spark")]
     assert ours == [f"pgoutput-spark: error: can't read configuration {tmp_path / 'missing.yaml'}: "
                     f"No such file or directory"]
+
+
+def test_every_command_has_its_job():
+    """Each `pgoutput-spark` command has a spark-submit twin ``jobs/<command>.py`` that runs it."""
+    from pgoutput_spark.cli import _parser
+
+    commands = set(_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    jobs = {p.stem for p in (ROOT / "jobs").glob("*.py")}
+    assert jobs == commands
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for job in sorted(jobs):
+        done = subprocess.run([sys.executable, str(ROOT / "jobs" / f"{job}.py"), "--help"], env=env, text=True,
+                              capture_output=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: pgoutput-spark {job} "), done

@@ -1000,10 +1000,16 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
 
 
 def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
+    """Whether the mirror's first commit that records what it applied is a snapshot's (the
+    snapshot's CREATE TABLE before it records nothing)."""
     from .mirroring.delta import METADATA_KEY
 
-    first = spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select("userMetadata").first()
-    try:
-        return bool(first and json.loads(first[0] or "{}").get(METADATA_KEY, {}).get("snapshot"))
-    except ValueError:
-        return False
+    for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select(
+            "userMetadata").collect():
+        try:
+            meta = json.loads(row[0] or "{}").get(METADATA_KEY)
+        except ValueError:
+            continue
+        if meta:
+            return bool(meta.get("snapshot"))
+    return False

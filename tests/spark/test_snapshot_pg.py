@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pgoutput_spark import read_capture
-from pgoutput_spark.apply import run_apply
+from pgoutput_spark.apply import NotReadableError, mirror, run_apply
 from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot import snapshot
@@ -84,6 +84,12 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     # verify agrees, over every type of the workload
     verified = verify_mirrors(spark, target, landing, dsn=pg15.conninfo(db))
     assert {t.state for t in verified.tables} == {"equal"}, verified.render()
+    # Read as of the snapshot's point (it holds what committed before it), not before it.
+    point = int(result.consistent_point)
+    copied_rows = next(t.rows for t in result.tables if t.table == "public.pgbench_accounts")
+    assert mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 1).count() == copied_rows
+    with pytest.raises(NotReadableError, match=r"starts with a snapshot as of .*, after "):
+        mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 2)
     pg15.drop_slot(slot, dbname=db)
 
 

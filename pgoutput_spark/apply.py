@@ -472,6 +472,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
             rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
+            for oid, plan in rebuild_plans.items():  # a first snapshot is not in `starts`
+                if _started_by_snapshot(spark, plan.path):
+                    raise _cannot_rebuild(_first_name(history, oid), "it started from a snapshot, whose rows "
+                                                                     "are not in the capture")
             histories = {oid: _history_plan(spark, ledger.root, history, oid, plans[oid], tables, history_path)
                          for oid in relations if tables.keeps_history(_first_name(history, oid))}
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
@@ -561,6 +565,11 @@ def _child_session(spark: SparkSession) -> SparkSession:
     return child
 
 
+def _cannot_rebuild(name: str, reason: str) -> ConfigError:
+    return ConfigError(f"rebuild: {name} cannot be rebuilt from the capture: {reason}; "
+                       f"re-snapshot it instead (snapshot --table {name}); nothing was written")
+
+
 def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
           table_path: str, first_seq: int | None = -1) -> SchemaPlan:
     """The mirror's schema plan for a run whose first change of the table to write is at
@@ -621,8 +630,7 @@ class _Rebuild:
                       tables.keeps_history(name) else "tables.include / exclude leave it out" if
                       not tables.selected(name) else None)
             if reason:
-                raise ConfigError(f"rebuild: {name} cannot be rebuilt from the capture: {reason}; "
-                                  f"re-snapshot it instead (snapshot --table {name}); nothing was written")
+                raise _cannot_rebuild(name, reason)
             out.append(oids[0])
         return out
 

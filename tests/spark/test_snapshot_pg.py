@@ -17,7 +17,7 @@ import pytest
 
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import NotReadableError, mirror, run_apply
-from pgoutput_spark.errors import CaptureError
+from pgoutput_spark.errors import CaptureError, ConfigError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot import snapshot
 from pgoutput_spark.slot.snapshot import TableCopy, snapshot_tables
@@ -90,6 +90,13 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     assert mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 1).count() == copied_rows
     with pytest.raises(NotReadableError, match=r"starts with a snapshot as of .*, after "):
         mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 2)
+    # A mirror that started from the snapshot cannot be rebuilt from the capture (its rows from
+    # before the slot are not in it): refused before anything is written.
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{target}/public/pgbench_accounts`").count()
+    with pytest.raises(ConfigError, match=r"rebuild: public\.pgbench_accounts cannot be rebuilt from the "
+                                          r"capture: it started from a snapshot"):
+        run_apply(spark, read_capture(spark, landing), target, rebuild=["public.pgbench_accounts"])
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{target}/public/pgbench_accounts`").count() == versions
     pg15.drop_slot(slot, dbname=db)
 
 

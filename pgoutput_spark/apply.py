@@ -916,9 +916,7 @@ class Status:
 def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
     """The run history of ``target`` and the LSN up to which every mirror is complete."""
     ledger = Ledger(spark, target, pipeline)
-    if not _is_delta(spark, ledger.lease_path):
-        return Status([], None, False, None)
-    lease = ledger.lease()
+    lease = ledger.lease() if _is_delta(spark, ledger.lease_path) else None  # none before a first run
     runs: list[dict[str, Any]] = []
     if _is_delta(spark, ledger.runs_path):
         rows = spark.read.format("delta").load(ledger.runs_path).where(
@@ -928,9 +926,17 @@ def status(spark: SparkSession, target: str, pipeline: str = "default") -> Statu
     for run in runs:
         for t in run["tables"] or []:
             mirrors[t["table"]] = (t["path"], 0)
+    if _is_delta(spark, ledger.snapshots_path):  # mirrors a snapshot made, changed by no run yet
+        snapshots = spark.read.format("delta").load(ledger.snapshots_path)
+        if "path" in snapshots.columns:  # recorded since the snapshot's first tables are too
+            for r in snapshots.where((F.col("pipeline") == pipeline) & F.col("path").isNotNull()).select(
+                    "table", "path").collect():
+                mirrors.setdefault(r["table"], (r["path"], 0))
     for table, (path, _) in mirrors.items():
         if _is_delta(spark, path):
             mirrors[table] = (path, spark.read.format("delta").load(path).count())
+    if lease is None:
+        return Status(runs, None, False, None, mirrors)
     return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,
                   _open_transactions(ledger.pending(lease.lo)))
 

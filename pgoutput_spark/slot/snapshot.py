@@ -312,7 +312,7 @@ def snapshot_tables(
                 rows, size = _copy_into(spark, reader, table, plan, target, pipeline, point, batch_bytes,
                                         replace=plan.exists, partial=partial)
                 if replace:  # the apply skips older changes (a new pipeline's slot starts at `point`)
-                    _record_start(spark, target, pipeline, table, point)
+                    _record_start(spark, target, pipeline, [(table, plan.path)], point)
                 if table_name:
                     register(spark, catalog_name(table_name, table.schema, table.name), plan.path)
                 copied = TableCopy(f"{table.schema}.{table.name}", plan.path, rows, size,
@@ -321,6 +321,8 @@ def snapshot_tables(
                 if progress is not None:
                     progress(copied)
             reader.execute("COMMIT")
+        if not replace and result.tables:  # what `status` lists, and what `--rebuild` refuses
+            _record_start(spark, target, pipeline, [(t, plans[t.oid].path) for t in chosen], point)
     finally:
         replication.close()
     return result
@@ -330,14 +332,16 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _record_start(spark: SparkSession, target: str, pipeline: str, table: PublishedTable, point: Lsn) -> None:
-    """Note in ``_pgoutput/snapshots`` that the table's mirror holds the source as of `point`."""
+def _record_start(spark: SparkSession, target: str, pipeline: str, tables: list[tuple[PublishedTable, str]],
+                  point: Lsn) -> None:
+    """Note in ``_pgoutput/snapshots`` that each table's mirror (at its path) holds the source as
+    of `point`, in one commit."""
     from pyspark.sql import functions as F
 
-    row = [(pipeline, table.oid, f"{table.schema}.{table.name}", int(point))]
-    (spark.createDataFrame(row, "pipeline string, relation_id long, table string, lsn long")
+    rows = [(pipeline, table.oid, f"{table.schema}.{table.name}", int(point), path) for table, path in tables]
+    (spark.createDataFrame(rows, "pipeline string, relation_id long, table string, lsn long, path string")
      .withColumn("snapshot_at", F.current_timestamp())
-     .write.format("delta").mode("append").save(snapshots_path(target)))
+     .write.format("delta").mode("append").option("mergeSchema", "true").save(snapshots_path(target)))
 
 
 def snapshots_path(target: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pgoutput_spark import read_capture
-from pgoutput_spark.apply import NotReadableError, mirror, run_apply
+from pgoutput_spark.apply import NotReadableError, mirror, run_apply, status
 from pgoutput_spark.errors import CaptureError, ConfigError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot import snapshot
@@ -68,6 +68,10 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     accounts = [p for p in partial if p.table == "public.pgbench_accounts"]  # 100,000 rows, 1 MB blocks
     assert {p.stage for p in accounts} == {"copying", "converting"} and len(accounts) > 6
     assert [p.rows for p in accounts if p.stage == "converting"][-1] == 100_000
+    # Before any run, `status` lists every mirror the snapshot made, with the rows PostgreSQL sent.
+    listed = status(spark, target)
+    assert listed.read_point is None and listed.runs == []
+    assert {t: rows for t, (_, rows) in listed.mirrors.items()} == {t.table: t.rows for t in result.tables}
     during.txn("UPDATE types_t SET t = 'after the snapshot' WHERE id = 1",
                "DELETE FROM keyswap WHERE id % 3 = 0",
                "INSERT INTO logonly VALUES ('after the snapshot', 2, now())")

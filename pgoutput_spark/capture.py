@@ -70,11 +70,16 @@ class CaptureColumns:
         return capture.select(*columns)
 
 
-def _is_delta(spark: SparkSession, path: str) -> bool:
+def _exists(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` exists, on any file system Spark reads (Hadoop's)."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/_delta_log")
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
     return bool(fs.exists(hadoop_path))
+
+
+def _is_delta(spark: SparkSession, path: str) -> bool:
+    return _exists(spark, path.rstrip("/") + "/_delta_log")
 
 
 def _landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
@@ -122,6 +127,8 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
     A landing of ``pgoutput-spark capture`` (folder or Delta table) has its
     recorded session settings checked first (`check_landing`).
     """
+    if not _exists(spark, path):  # before Spark's reader, which logs a stack trace first
+        raise CaptureError(f"can't read capture {path!r}: it does not exist")
     if format == "auto":
         format = "delta" if _is_delta(spark, path) else "parquet"
     if format not in ("parquet", "delta"):

@@ -111,5 +111,8 @@ def test_capture_contract_errors(spark, tmp_path):
         decode(frame)
     with pytest.raises(CaptureError, match="no column 'payload'"):
         decode(frame, columns=CaptureColumns(data="payload"))
-    with pytest.raises(CaptureError, match="can't read capture"):
+    with pytest.raises(CaptureError, match="can't read capture '.*missing': it does not exist"):
         read_capture(spark, str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CaptureError, match="can't read capture '.*empty' as parquet"):
+        read_capture(spark, str(tmp_path / "empty"))

@@ -429,15 +429,16 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     try:
-        starts = ledger.starts()  # relation -> the LSN a re-snapshot left its mirror at
+        starts = ledger.starts()  # relation -> the LSN a (re-)snapshot left its mirror at
         touched = committed.select(F.explode(F.when(
             F.col("message_type") == "truncate", F.col("truncate.relation_ids"))
             .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"), "message_type",
             "seq", "commit_lsn")
-        start = F.lit(None)
+        start = None  # one flat CASE over the snapshotted relations
         for oid, lsn in starts.items():
-            start = F.when(F.col("relation_id") == oid, F.lit(lsn)).otherwise(start)
-        written = F.when(start.isNull() | (F.col("commit_lsn") >= start), F.col("seq"))
+            start = (F if start is None else start).when(F.col("relation_id") == oid, F.lit(lsn))
+        written = F.col("seq") if start is None else F.when(
+            start.isNull() | (F.col("commit_lsn") >= start), F.col("seq"))
         with _step("collect the touched tables"):
             kinds: dict[int, dict[str, int]] = {}  # relation -> message type -> change rows
             n_changes: dict[int, int] = {}  # change rows per relation (truncates included)
@@ -472,7 +473,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
             rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
-            for oid, plan in rebuild_plans.items():  # a first snapshot is not in `starts`
+            for oid, plan in rebuild_plans.items():  # a snapshot from before they were recorded
                 if _started_by_snapshot(spark, plan.path):
                     raise _cannot_rebuild(_first_name(history, oid), "it started from a snapshot, whose rows "
                                                                      "are not in the capture")
@@ -980,12 +981,12 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     runs = status(spark, target, pipeline)
     paths = {t: p for t, (p, _) in runs.mirrors.items()}
     path = paths.get(table)
-    if path is None:  # a snapshot-only mirror has no run yet: its path by the default layout
+    if path is None:  # a mirror no run or recorded snapshot wrote: its path by the default layout
         schema, _, name = table.partition(".")
         candidate = mirror_path(ledger.root, schema, name)
         if not name or not _is_delta(spark, candidate):
             known = ", ".join(sorted(paths)) or "none"
-            raise NotReadableError(f"no mirror of {table} under {target} (mirrors with runs: {known})")
+            raise NotReadableError(f"no mirror of {table} under {target} (its mirrors: {known})")
         path = candidate
     if as_of_lsn is None:
         return spark.read.format("delta").load(path)

@@ -916,6 +916,11 @@ class Status:
 
 def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
     """The run history of ``target`` and the LSN up to which every mirror is complete."""
+    return _status(spark, target, pipeline, count=True)
+
+
+def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool) -> Status:
+    """`status`; without ``count``, each mirror's row count is left 0 (only its path is read)."""
     ledger = Ledger(spark, target, pipeline)
     lease = ledger.lease() if _is_delta(spark, ledger.lease_path) else None  # none before a first run
     runs: list[dict[str, Any]] = []
@@ -934,7 +939,7 @@ def status(spark: SparkSession, target: str, pipeline: str = "default") -> Statu
                     "table", "path").collect():
                 mirrors.setdefault(r["table"], (r["path"], 0))
     for table, (path, _) in mirrors.items():
-        if _is_delta(spark, path):
+        if count and _is_delta(spark, path):
             mirrors[table] = (path, spark.read.format("delta").load(path).count())
     if lease is None:
         return Status(runs, None, False, None, mirrors)
@@ -978,7 +983,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     point (not applied yet) or before a snapshot the mirror started from.
     """
     ledger = Ledger(spark, target, pipeline)
-    runs = status(spark, target, pipeline)
+    runs = _status(spark, target, pipeline, count=False)  # the mirrors' paths, not their rows
     paths = {t: p for t, (p, _) in runs.mirrors.items()}
     path = paths.get(table)
     if path is None:  # a mirror no run or recorded snapshot wrote: its path by the default layout

@@ -461,7 +461,13 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
-        rebuilt = rebuild.relations(history, tables, starts)
+
+        def snapshotted(oid: int) -> bool:  # a re-snapshot, or a first snapshot (recorded or not)
+            first = history.relations[oid][0]  # the mirror's name, as `_plan`'s path
+            path = mirror_path(ledger.root, first.namespace, first.name, table_path)
+            return oid in starts or (_is_delta(spark, path) and _started_by_snapshot(spark, path))
+
+        rebuilt = rebuild.relations(history, tables, snapshotted)
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
         excluded = sorted({_first_name(history, oid) for oid in relations
                            if not tables.selected(_first_name(history, oid))})
@@ -473,10 +479,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             for oid in relations:
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
             rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
-            for oid, plan in rebuild_plans.items():  # a snapshot from before they were recorded
-                if _started_by_snapshot(spark, plan.path):
-                    raise _cannot_rebuild(_first_name(history, oid), "it started from a snapshot, whose rows "
-                                                                     "are not in the capture")
             histories = {oid: _history_plan(spark, ledger.root, history, oid, plans[oid], tables, history_path)
                          for oid in relations if tables.keeps_history(_first_name(history, oid))}
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
@@ -615,8 +617,10 @@ class _Rebuild:
     tables: tuple[str, ...]
     on_error: OnError
 
-    def relations(self, history: RelationHistory, tables: TablesConfig, starts: dict[int, int]) -> list[int]:
-        """The relation OIDs to rebuild; `ConfigError` for a table that cannot be rebuilt."""
+    def relations(self, history: RelationHistory, tables: TablesConfig,
+                  snapshotted: Callable[[int], bool]) -> list[int]:
+        """The relation OIDs to rebuild; `ConfigError` for a table that cannot be rebuilt
+        (``snapshotted``: whether a relation's mirror holds a snapshot's rows)."""
         out = []
         for name in dict.fromkeys(self.tables):
             oids = [oid for oid in history.relations if _first_name(history, oid) == name]
@@ -626,7 +630,7 @@ class _Rebuild:
             if len(oids) > 1:
                 raise ConfigError(f"rebuild: several relations were named {name} (dropped and created again); "
                                   f"re-snapshot it instead")
-            reason = ("it started from a snapshot, whose rows are not in the capture" if oids[0] in starts
+            reason = ("it started from a snapshot, whose rows are not in the capture" if snapshotted(oids[0])
                       else "it keeps a history table, which a rebuild would not match" if
                       tables.keeps_history(name) else "tables.include / exclude leave it out" if
                       not tables.selected(name) else None)

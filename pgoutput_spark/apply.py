@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -196,6 +197,9 @@ class Ledger:
         self.pending_path = f"{self.root}/_pgoutput/pending"
         self.quarantine_path = f"{self.root}/_pgoutput/quarantine"
         self.skipped_path = f"{self.root}/_pgoutput/skipped"
+        # The tables' threads share the skipped table: two first appends at once would both
+        # create it, and Delta fails one of them (a concurrent protocol change).
+        self.skipped_lock = threading.Lock()
         self.snapshots_path = f"{self.root}/_pgoutput/snapshots"
 
     def starts(self) -> dict[int, int]:
@@ -815,7 +819,8 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                     F.lit(name).alias("table"), F.lit(oid).cast("long").alias("relation_id"),
                     F.col("_seq").alias("seq"), F.col("_op").alias("op"), F.col("_reason").alias("reason"),
                     F.to_json(F.struct(*data)).alias("row"))
-                txn_append(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
+                with ledger.skipped_lock:
+                    txn_append(skipped, ledger.skipped_path, f"{ledger.pipeline}:skipped:{oid}", to_lsn)
             changes = [a for a in summary if a not in ("skipped", "truncate")]
             counts = {"inserted": 0, "updated": 0, "deleted": 0}
             # Nothing to match: a new mirror (empty whatever the run did), or a multiset taking

@@ -72,6 +72,20 @@ EXPECTED_ONE = [(2, "upsert"), (10, "x" * 3000)]
 EXPECTED_TWO = [("dup", 1), ("dup", 2)]
 
 
+def test_tables_skipping_changes_at_once_share_the_skipped_table(spark, tmp_path):
+    """Two tables' threads record skipped changes in a target's first run: the skipped table both
+    append to is created once (two creating appends at once fail one with Delta's protocol change)."""
+    root = str(tmp_path / "target")
+    changes = _txn(800, 1000, ONE, TWO, b.insert(1, _t(1, "a")), b.delete(1, _t(9, None)),
+                   b.delete(2, _t("nope", 0), old_kind="O"), b.update(2, _t("x", 2), _t("x", 1), old_kind="O"))
+    result = run_apply(spark, _frame(spark, changes), root, parallelism=2)
+    assert {t.table: t.skipped for t in result.tables} == {"public.one": 1, "Mixed Case.t/wo": 2}
+    skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").collect()
+    assert sorted((r["table"], r["op"], r["row"]) for r in skipped) == [
+        ("Mixed Case.t/wo", "delete", '{"k":"nope","n":0}'), ("Mixed Case.t/wo", "update", '{"k":"x","n":2}'),
+        ("public.one", "delete", '{"id":9}')]
+
+
 def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_path):
     root = str(tmp_path / "target")
     first = _first_slice()

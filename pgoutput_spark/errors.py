@@ -56,8 +56,8 @@ class DecodeError(PgoutputSparkError):
             where.append(f"seq {self.seq}")
         if self.lsn is not None:
             where.append(f"(lsn {Lsn(self.lsn)})")
-        position = f" at {' '.join(where)}" if where else ""
-        return f"{self.field}{position}: {self.reason}"
+        head = self.field + (f" at {' '.join(where)}" if where else "")
+        return f"{head}: {self.reason}" if head else self.reason  # the whole line, recovered from a task
 
     def __reduce__(self):  # keep the fields when Spark pickles the error
         return (

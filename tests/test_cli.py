@@ -54,6 +54,21 @@ def test_decode_failure_is_one_line_and_exit_1(capsys, tmp_path):
 
 
 @pytest.mark.usefixtures("restore_spark_conf")
+def test_a_failure_inside_a_spark_task_is_the_same_one_line(capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    pq.write_table(pa.table({"seq": pa.array([2], pa.int64()), "lsn": pa.array([0x16B3748], pa.int64()),
+                             "data": pa.array([b"!"], pa.binary())}), folder / "a.parquet")
+    assert main(["decode", "--capture", str(folder)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("pgoutput-spark: error: message.type at seq 2 (lsn 0/16B3748): "
+                   "unknown message type byte '!' (0x21) at offset 0")
+
+
+@pytest.mark.usefixtures("restore_spark_conf")
 def test_quarantine_table_gets_bad_messages(spark, capsys, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

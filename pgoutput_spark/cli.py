@@ -161,15 +161,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Spark's loggers that print a failed task's Python and Java traces (three times in a local
+#: session, where the driver is the executor) before the command prints its one error line.
+_TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+                         "org.apache.spark.storage.BlockManager")
+
+
+def _spark(config: Config, master: str | None = None) -> Any:
+    """The command's SparkSession. In a local session a failed task is reported once: as the
+    command's error line, or (an error that is not ours) in the exception Spark raises, which
+    carries the task's trace; Spark's own task-failure loggers are turned off."""
+    from .spark.session import build_spark_session
+
+    spark = build_spark_session(master=master or config.spark.master, conf=config.spark.conf)
+    if spark.sparkContext.master.startswith("local"):
+        log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]
+        for name in _TASK_FAILURE_LOGGERS:
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    return spark
+
+
 def run_capture_command(args: argparse.Namespace) -> Any:
     from .slot.capture import capture_slot
 
     spark = None
     if args.landing_format == "delta":
-        from .spark.session import build_spark_session
-
         config = load_config(args.config)
-        spark = build_spark_session(master=args.master or config.spark.master, conf=config.spark.conf)
+        spark = _spark(config, args.master)
     progress = None if args.quiet else (lambda chunk: print(chunk.render(), flush=True))
     result = capture_slot(args.landing, slot=args.slot, publications=args.publication, dsn=args.dsn,
                           format=args.landing_format, spark=spark,
@@ -182,9 +200,7 @@ def run_capture_command(args: argparse.Namespace) -> Any:
 
 def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
     from .slot.snapshot import snapshot_tables
-    from .spark.session import build_spark_session
-
-    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    spark = _spark(config)
     progress = None if args.quiet else (lambda table: print(table.render(), flush=True))
     if (args.slot is None) == (args.table is None):
         raise ConfigError("snapshot: pass --slot (a new pipeline) or --table (a re-snapshot), not both")
@@ -199,18 +215,14 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
 def run_verify_command(config: Config, args: argparse.Namespace) -> Any:
     """The comparison (``differing``: the tables that differ)."""
     from .slot.verify import verify_mirrors
-    from .spark.session import build_spark_session
-
-    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    spark = _spark(config)
     result = verify_mirrors(spark, args.target, args.landing, dsn=args.dsn, pipeline=config.changes.pipeline,
                             table_path=config.apply.table_path, keys=args.keys, selection=config.tables)
     return result
 
 
 def _capture(config: Config):  # type: ignore[no-untyped-def]
-    from .spark.session import build_spark_session
-
-    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    spark = _spark(config)
     capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
     columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
@@ -245,9 +257,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
 
 def run_status_command(config: Config, target: str) -> Any:
     from .apply import status
-    from .spark.session import build_spark_session
-
-    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    spark = _spark(config)
     return status(spark, target, config.changes.pipeline)
 
 
@@ -286,10 +296,9 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
 def run_decode(config: Config, output: str | None = None) -> Any:
     """Decode the configured capture; returns its summary."""
     from .spark.decode import decode, quarantined
-    from .spark.session import build_spark_session
     from .spark.summary import summarize
 
-    spark = build_spark_session(master=config.spark.master, conf=config.spark.conf)
+    spark = _spark(config)
     capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
     columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,

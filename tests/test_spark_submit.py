@@ -56,6 +56,21 @@ def test_a_job_runs_under_spark_submit_from_a_wheel(tmp_path):
     assert ours == [f"pgoutput-spark: error: can't read configuration {tmp_path / 'missing.yaml'}: "
                     f"No such file or directory"]
 
+    # A bad message, found inside a Spark task: the one line, without Spark's traces of the task.
+    import pyarrow as pa
+
+    (tmp_path / "bad").mkdir()
+    pq.write_table(pa.table({"seq": pa.array([7], pa.int64()), "lsn": pa.array([0x16B3748], pa.int64()),
+                             "data": pa.array([b"!"], pa.binary())}), tmp_path / "bad" / "a.parquet")
+    bad = _submit("--master", "local[1]", "--packages", DELTA, "--py-files", str(wheel),
+                  str(ROOT / "jobs" / "decode.py"), "--capture", str(tmp_path / "bad"), cwd=tmp_path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
+    ours = [line for line in bad.stdout.splitlines() if line.startswith("pgoutput-spark")]
+    assert ours == ["pgoutput-spark: error: message.type at seq 7 (lsn 0/16B3748): "
+                    "unknown message type byte '!' (0x21) at offset 0"]
+    output = bad.stdout + bad.stderr
+    assert "Traceback" not in output and "Exception in task" not in output and "Lost task" not in output, output
+
 
 def test_every_command_has_its_job():
     """Each `pgoutput-spark` command has a spark-submit twin ``jobs/<command>.py`` that runs it."""

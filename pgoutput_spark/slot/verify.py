@@ -135,8 +135,8 @@ class VerifyResult:
         return [t for t in self.tables if t.state == "differs"]
 
     def render(self) -> str:
-        applied = "nothing applied" if self.applied_lsn is None else str(self.applied_lsn)
-        lines = [f"source at {self.source_lsn}, mirrors applied up to {applied}"]
+        applied = "no change applied yet" if self.applied_lsn is None else f"applied up to {self.applied_lsn}"
+        lines = [f"source at {self.source_lsn}, mirrors {applied}"]
         lines += [t.render() for t in sorted(self.tables, key=lambda t: t.table)]
         counts = {s: sum(t.state == s for t in self.tables) for s in ("equal", "differs", "not comparable")}
         orphans = sum(t.state == "no source" for t in self.tables)
@@ -200,8 +200,10 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
         same = (check.mirror_rows, check.mirror_hash) == (rows, total)
         if behind:
             check.state = "not comparable" if not same else "equal"
-            check.reason = (f"the apply is at capture seq {applied.position}, the landing holds up to"
-                            f" seq {last.last_seq}: run apply first")  # type: ignore[union-attr]
+            at = ("has applied none of it" if applied.position is None
+                  else f"is at capture seq {applied.position}")
+            check.reason = (f"the landing holds up to seq {last.last_seq} and the apply {at}:"  # type: ignore[union-attr]
+                            " run apply first")
         elif table.oid in pending and not same:
             check.state = "not comparable"
             check.reason = f"{pending[table.oid]} change(s) committed before {point} are not applied yet"

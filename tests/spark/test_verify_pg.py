@@ -54,6 +54,8 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
                  " (SELECT ctid FROM bag LIMIT 1); INSERT INTO bag VALUES ('same', 1), (NULL, NULL)",
                  dbname=db)
     capture_slot(landing, slot=slot, dsn=dsn, publications=["verify_pub"], proto_version=1)
+    first = verify_mirrors(spark, target, landing, dsn=dsn).render()  # landed, never applied
+    assert "mirrors no change applied yet" in first and "the apply has applied none of it" in first, first
     run_apply(spark, read_capture(spark, landing), target)
 
     equal = verify_mirrors(spark, target, landing, dsn=dsn)

@@ -200,6 +200,7 @@ def run_capture_command(args: argparse.Namespace) -> Any:
 
 def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
     from .slot.snapshot import snapshot_tables
+
     spark = _spark(config)
     progress = None if args.quiet else (lambda table: print(table.render(), flush=True))
     if (args.slot is None) == (args.table is None):
@@ -215,6 +216,7 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
 def run_verify_command(config: Config, args: argparse.Namespace) -> Any:
     """The comparison (``differing``: the tables that differ)."""
     from .slot.verify import verify_mirrors
+
     spark = _spark(config)
     result = verify_mirrors(spark, args.target, args.landing, dsn=args.dsn, pipeline=config.changes.pipeline,
                             table_path=config.apply.table_path, keys=args.keys, selection=config.tables)
@@ -257,6 +259,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
 
 def run_status_command(config: Config, target: str) -> Any:
     from .apply import status
+
     spark = _spark(config)
     return status(spark, target, config.changes.pipeline)
 
@@ -298,11 +301,7 @@ def run_decode(config: Config, output: str | None = None) -> Any:
     from .spark.decode import decode, quarantined
     from .spark.summary import summarize
 
-    spark = _spark(config)
-    capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
-    xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
-    columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
-                             config.capture.data_column, xid)
+    spark, capture, columns = _capture(config)
     decoded = decode(capture, columns=columns, on_error=config.decode.on_error,  # type: ignore[arg-type]
                      framing=config.capture.framing)  # type: ignore[arg-type]
     decoded = decoded.persist()

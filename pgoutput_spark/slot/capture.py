@@ -187,6 +187,8 @@ def capture_slot(
                            binary=binary, origin=origin)
         source = SlotSource(conn, slot, options, dsn)
         source.check_server()
+        if options.binary:
+            _check_binary_types(conn, options.publications)
         source.lock()
         info = source.ensure_slot(create=create_slot and recorded is None)
         settings = source.apply_settings()
@@ -239,6 +241,53 @@ def capture_slot(
                 break
             want = None
     return result
+
+
+#: pg_type.typtype of the user types whose binary form the apply cannot read: composite,
+#: range and multirange values start with counts or flag bytes, not with text.
+_NOT_TEXT_KINDS = {"c": "a composite type", "r": "a range type", "m": "a multirange type"}
+
+
+def _check_binary_types(conn, publications) -> None:  # type: ignore[no-untyped-def]
+    """Refuse a binary capture of a column the apply cannot read from binary, before anything is landed.
+
+    A column's type is followed through domains (pgoutput sends the base type's values) and
+    arrays (the elements): a built-in type without a binary reader, or a composite, range or
+    multirange type, is refused. Other user types (enums, extension types) are read as text when
+    their values look like text, which only their values can tell.
+    """
+    from ..convert.dispatch import CODECS
+    from .snapshot import published_tables
+
+    def unreadable(oid: int) -> str | None:
+        while True:  # domains to their base type, arrays to their elements
+            kind, base, element, category, namespace, name = conn.execute(
+                "SELECT t.typtype, t.typbasetype, t.typelem, t.typcategory, n.nspname,"
+                " format_type(t.oid, NULL) FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+                " WHERE t.oid = %s", (oid,)).fetchone()
+            if kind == "d":
+                oid = base
+            elif category == "A" and element:
+                oid = element
+            else:
+                break
+        if kind in _NOT_TEXT_KINDS:
+            return f"{name}: {_NOT_TEXT_KINDS[kind]}"
+        return name if namespace == "pg_catalog" and oid not in CODECS else None
+
+    why: dict[int, str | None] = {}
+    bad = []
+    for table in published_tables(conn, publications):
+        for column, type_oid, _ in table.columns:
+            if type_oid not in why:
+                why[type_oid] = unreadable(type_oid)
+            if why[type_oid] is not None:
+                bad.append(f"{table.schema}.{table.name}.{column} ({why[type_oid]})")
+    if bad:
+        raise CaptureError(
+            f"binary capture: the apply cannot read these columns' values in binary form: {', '.join(bad)};"
+            " capture without binary (text format), or leave these columns out of the publication"
+            " (a column list)")
 
 
 def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:

@@ -314,6 +314,18 @@ def test_slot_and_publication_problems_are_named(pg15: PgCluster, tmp_path: Path
     assert "a new landing needs its publications" in _capture_error(
         pg15, db, tmp_path / "f", slot=f"{db}_plain", publications=None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "f").exists()
+    # Binary values the apply cannot read, through domains and arrays; before any slot is made.
+    pg15.execute("CREATE TYPE pair AS (a int, b text); CREATE TYPE mood AS ENUM ('ok');"
+                 " CREATE DOMAIN spans AS int4range[]; CREATE DOMAIN small AS int;"
+                 " CREATE TABLE b (id small, p pair, s spans, pt point, m mood, ok int[], t tsvector);"
+                 " CREATE PUBLICATION binpub FOR TABLE b", dbname=db)
+    message = _capture_error(pg15, db, tmp_path / "g", slot=f"{db}_binary", publications=["binpub"],
+                             proto_version=2, binary=True, create_slot=True)
+    assert message.startswith("binary capture: the apply cannot read these columns' values in binary form: "
+                              "public.b.p (pair: a composite type), public.b.s (int4range: a range type), "
+                              "public.b.pt (point), public.b.t (tsvector); capture without binary"), message
+    assert pg15.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (f"{db}_binary",),
+                      dbname=db) == [(0,)]
 
 
 def test_a_slot_moved_on_by_someone_else_is_refused(pg15: PgCluster, tmp_path: Path) -> None:

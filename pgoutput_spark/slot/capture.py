@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -37,6 +37,7 @@ from .options import PluginOptions
 from .source import SlotSource, connect
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark.sql import SparkSession
 
 __all__ = ["CaptureResult", "ChunkProgress", "capture_slot"]
@@ -248,7 +249,7 @@ def capture_slot(
 _NOT_TEXT_KINDS = {"c": "a composite type", "r": "a range type", "m": "a multirange type"}
 
 
-def _check_binary_types(conn, publications) -> None:  # type: ignore[no-untyped-def]
+def _check_binary_types(conn: psycopg.Connection[Any], publications: Sequence[str]) -> None:
     """Refuse a binary capture of a column the apply cannot read from binary, before anything is landed.
 
     A column's type is followed through domains (pgoutput sends the base type's values) and

@@ -1021,8 +1021,10 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     version = max((v for v, lsn in commits if lsn <= at), default=None)
     if version is None:
         if commits and _started_by_snapshot(spark, path):
-            raise NotReadableError(f"the mirror of {table} starts with a snapshot as of {Lsn(commits[0][1])}, "
-                                   f"after {Lsn(at)}")
+            # The snapshot's commit records the LSN before its consistent point (`slot.snapshot`).
+            raise NotReadableError(f"the mirror of {table} starts with the snapshot taken at "
+                                   f"{Lsn(commits[0][1] + 1)}, after {Lsn(at)}: it can be read as of "
+                                   f"{Lsn(commits[0][1])} or later")
         # No change to the table was applied up to then: the source table held no rows.
         return spark.read.format("delta").load(path).limit(0)
     return spark.read.format("delta").option("versionAsOf", version).load(path)

@@ -18,6 +18,7 @@ import pytest
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import NotReadableError, mirror, run_apply, status
 from pgoutput_spark.errors import CaptureError, ConfigError
+from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot import snapshot
 from pgoutput_spark.slot.snapshot import TableCopy, snapshot_tables
@@ -92,7 +93,9 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     point = int(result.consistent_point)
     copied_rows = next(t.rows for t in result.tables if t.table == "public.pgbench_accounts")
     assert mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 1).count() == copied_rows
-    with pytest.raises(NotReadableError, match=r"starts with a snapshot as of .*, after "):
+    with pytest.raises(NotReadableError, match=(
+            rf"starts with the snapshot taken at {Lsn(point)}, after {Lsn(point - 2)}: it can be read as of "
+            rf"{Lsn(point - 1)} or later")):
         mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 2)
     # A mirror that started from the snapshot cannot be rebuilt from the capture (its rows from
     # before the slot are not in it): refused before anything is written.

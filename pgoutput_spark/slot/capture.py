@@ -258,20 +258,10 @@ def _check_binary_types(conn: psycopg.Connection[Any], publications: Sequence[st
     their values look like text, which only their values can tell.
     """
     from ..convert.dispatch import CODECS
-    from .snapshot import published_tables
+    from .snapshot import base_type, published_tables
 
-    def unreadable(oid: int) -> str | None:
-        while True:  # domains to their base type, arrays to their elements
-            kind, base, element, category, namespace, name = conn.execute(
-                "SELECT t.typtype, t.typbasetype, t.typelem, t.typcategory, n.nspname,"
-                " format_type(t.oid, NULL) FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
-                " WHERE t.oid = %s", (oid,)).fetchone()
-            if kind == "d":
-                oid = base
-            elif category == "A" and element:
-                oid = element
-            else:
-                break
+    def unreadable(type_oid: int) -> str | None:
+        oid, kind, namespace, name = base_type(conn, type_oid, elements=True)
         if kind in _NOT_TEXT_KINDS:
             return f"{name}: {_NOT_TEXT_KINDS[kind]}"
         return name if namespace == "pg_catalog" and oid not in CODECS else None

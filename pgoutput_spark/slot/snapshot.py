@@ -139,16 +139,24 @@ def _type_names(conn: psycopg.Connection[Any], columns: list[tuple[str, int, int
     for _, type_oid, _ in columns:
         if type_oid < FIRST_GENBKI_OBJECT_ID or type_oid in names:
             continue
-        base = type_oid
-        while True:  # getBaseType: a domain over a domain over ...
-            kind, base_of, namespace, name = conn.execute(
-                "SELECT t.typtype, t.typbasetype, n.nspname, t.typname FROM pg_type t"
-                " JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s", (base,)).fetchone()  # type: ignore[misc]
-            if kind != "d":
-                break
-            base = base_of
+        _, _, namespace, name = base_type(conn, type_oid)
         names[type_oid] = ("" if namespace == "pg_catalog" else namespace, name)
     return names
+
+
+def base_type(conn: psycopg.Connection[Any], oid: int, *, elements: bool = False) -> tuple[int, str, str, str]:
+    """The type under ``oid``'s domains (getBaseType: a domain over a domain over ...) and, with
+    ``elements``, under its arrays: (OID, pg_type.typtype, namespace, name)."""
+    while True:
+        kind, base, element, category, namespace, name = conn.execute(
+            "SELECT t.typtype, t.typbasetype, t.typelem, t.typcategory, n.nspname, t.typname FROM pg_type t"
+            " JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s", (oid,)).fetchone()  # type: ignore[misc]
+        if kind == "d":
+            oid = base
+        elif elements and category == "A" and element:
+            oid = element
+        else:
+            return oid, kind, namespace, name
 
 
 @dataclass(frozen=True)

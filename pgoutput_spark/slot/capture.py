@@ -2,7 +2,7 @@
 
 Each chunk is read with a peek, written to the landing, committed there (a
 file rename), and only then is the slot advanced to the chunk's end. A chunk
-ends at the last transaction end outside a Stream Start / Stop block (the
+ends at a transaction boundary where no streamed transaction is open (the
 rows after it are read again by the next peek, which decodes them the same
 way), and the slot is advanced to that boundary's LSN. So:
 
@@ -12,14 +12,6 @@ way), and the slot is advanced to that boundary's LSN. So:
   finds the file's ``end_lsn`` ahead of the slot, advances the slot, and
   goes on with the next chunk;
 - ``seq`` continues from the last landed file.
-
-A streamed transaction still open at a chunk's end is left out of the chunk,
-all of it: each peek is a new decoding session, which sends such a
-transaction again from its first segment (or whole at its end, or not at all
-if it aborts before it is streamed again), as the walsender does to a
-subscriber that reconnects. So a chunk holds every streamed transaction it
-starts up to its end, nothing is landed twice, and traffic whose streamed
-transactions overlap without a pause still lands chunk by chunk.
 
 A slot that is ahead of the landing (someone else consumed it) is an error:
 the messages in between are gone.
@@ -57,57 +49,38 @@ _ENDS = frozenset({MessageType.COMMIT, MessageType.PREPARE, MessageType.COMMIT_P
 
 
 class Boundaries:
-    """Finds the messages after which a chunk may end, and the streamed transactions open there.
+    """Finds the messages after which a chunk may end: transaction ends with no stream open.
 
     Commit, Prepare, Commit Prepared and Rollback Prepared end a transaction;
     so do Stream Commit, Stream Prepare and a Stream Abort of the top-level
-    transaction. A boundary is usable only outside a Stream Start / Stop
-    block. `open` holds the streamed transactions begun and not ended so far,
-    and `parts` where each one's messages are (its blocks, and the Stream
-    Aborts of its subtransactions), as message ranges ``(first, end, bytes)``
-    counted from the first message fed.
+    transaction. A boundary is usable only outside a Stream Start / Stop block
+    and when every streamed transaction begun so far has ended.
     """
 
     def __init__(self) -> None:
-        self.block: int | None = None  # xid of the Stream Start / Stop block being read
+        self.in_block = False
         self.open: set[int] = set()
-        self.parts: dict[int, list[tuple[int, int, int]]] = {}
-        self._fed = 0
-        self._block_first = 0
-        self._block_bytes = 0
 
     def after(self, data: bytes) -> bool:
         """Feed the next message; True if a chunk may end right after it."""
-        index, self._fed = self._fed, self._fed + 1
         kind = data[0] if data else -1
-        if self.block is not None:
-            self._block_bytes += len(data)
-            if kind == MessageType.STREAM_STOP:
-                self.parts.setdefault(self.block, []).append((self._block_first, index + 1, self._block_bytes))
-                self.block = None
-            return False
         if kind == MessageType.STREAM_START:
-            self.block = decode_message(data).xid  # type: ignore[attr-defined]
-            self.open.add(self.block)
-            self._block_first, self._block_bytes = index, len(data)
+            self.in_block = True
+            self.open.add(decode_message(data).xid)  # type: ignore[attr-defined]
+            return False
+        if kind == MessageType.STREAM_STOP:
+            self.in_block = False
             return False
         if kind in (MessageType.STREAM_COMMIT, MessageType.STREAM_PREPARE):
             self.open.discard(decode_message(data).xid)  # type: ignore[attr-defined]
         elif kind == MessageType.STREAM_ABORT:
             abort = decode_message(data)
             if abort.xid != abort.subxid:  # type: ignore[attr-defined]
-                # a subtransaction: the streamed transaction goes on, and this belongs to it
-                self.parts.setdefault(abort.xid, []).append((index, index + 1, len(data)))  # type: ignore[attr-defined]
-                return False
+                return False  # a subtransaction: the streamed transaction goes on
             self.open.discard(abort.xid)  # type: ignore[attr-defined]
         elif kind not in _ENDS:
             return False
-        return True
-
-    def left_out(self, xids: frozenset[int], end: int) -> tuple[list[tuple[int, int]], int]:
-        """The message ranges before `end` of streamed transactions `xids` (sorted), and their bytes."""
-        parts = sorted(part for xid in xids for part in self.parts.get(xid, ()) if part[0] < end)
-        return [(first, stop) for first, stop, _ in parts], sum(size for _, _, size in parts)
+        return not self.in_block and not self.open
 
 
 @dataclass(frozen=True)
@@ -117,19 +90,13 @@ class ChunkProgress:
     record: ChunkRecord
     server_lsn: Lsn
     seconds: float
-    left_out: int = 0  # messages of streamed transactions open at the chunk's end
-    open_streams: int = 0
 
     def render(self) -> str:
         r = self.record
         lag = max(0, int(self.server_lsn) - r.end_lsn)
-        line = (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
+        return (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
                 f"..{r.last_seq} in {self.seconds:.1f} s; slot at {Lsn(r.end_lsn)},"
                 f" {lag / 1e6:.1f} MB behind the server")
-        if self.open_streams:
-            line += (f"; {self.left_out:,} messages of {self.open_streams} streamed transaction(s) still"
-                     " open left for the next chunk")
-        return line
 
 
 @dataclass
@@ -246,16 +213,14 @@ def capture_slot(
         next_chunk = 0 if last is None else last.chunk + 1
         next_seq = 0 if last is None else last.last_seq + 1
         want: int | None = None
-        resent = 0  # messages left out of the last chunk, which the next one reads again
         while max_messages is None or result.messages < max_messages:
             if want is None:
-                want = resent + (chunk_size if max_messages is None
-                                 else min(chunk_size, max_messages - result.messages))
+                want = chunk_size if max_messages is None else min(chunk_size, max_messages - result.messages)
             started = time.monotonic()
             chunk = target.new_chunk(next_chunk)
             try:
-                read, cut = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows, position)
-                if cut is None:
+                read, record = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows, position)
+                if record is None:
                     chunk.discard()
                     if read < want:  # decoding reached the end: what is left is unfinished
                         result.caught_up = _at_end(source, stop_lsn)
@@ -263,17 +228,14 @@ def capture_slot(
                     want *= 2  # a streamed transaction longer than the chunk: read further
                     _log.info("no transaction boundary in %d messages: reading %d", read, want)
                     continue
-                record = cut.record
-                chunk.commit(record, cut.left_out)
+                chunk.commit(record)
             except BaseException:
                 chunk.discard()
                 raise
             source.advance(Lsn(record.end_lsn))
             result.chunks.append(record)
-            resent = sum(end - first for first, end in cut.left_out)
             if progress is not None:
-                progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started,
-                                       resent, cut.open_streams))
+                progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started))
             next_chunk, next_seq, position = next_chunk + 1, record.last_seq + 1, record.end_lsn
             if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):
                 result.caught_up = read < want and _at_end(source, stop_lsn)
@@ -324,26 +286,15 @@ def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
     return stop_lsn is None or source.server_lsn() <= stop_lsn
 
 
-@dataclass(frozen=True)
-class Cut:
-    """Where a peeked chunk ends: `record`, and the ranges of messages before its end it leaves out."""
-
-    record: ChunkRecord
-    left_out: list[tuple[int, int]]
-    open_streams: int
-
-
 def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,  # type: ignore[no-untyped-def]
-                batch_rows: int, start_lsn: int) -> tuple[int, Cut | None]:
-    """Peek up to the chunk's limit into `chunk`; return messages read and where the chunk ends.
+                batch_rows: int, start_lsn: int) -> tuple[int, ChunkRecord | None]:
+    """Peek up to the chunk's limit into `chunk`; return messages read and the record to commit.
 
     The chunk ends at the last boundary past `start_lsn` (the slot's position).
     A session that starts decoding again can stream a transaction that ended
     before that position (it was aborted, or committed and is then aborted
     for the client): its Stream Abort has an older LSN and is no place to end,
-    or the slot would never move and each chunk would repeat it. The streamed
-    transactions open at the end are left out (the next session sends them
-    again from their start).
+    or the slot would never move and each chunk would repeat it.
     """
     boundaries = Boundaries()
     read = 0
@@ -351,26 +302,19 @@ def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn |
     kept_bytes = 0
     size = 0
     end_lsn = start_lsn
-    open_at_end: frozenset[int] = frozenset()
     for rows in source.peek(limit=limit, upto_lsn=stop_lsn, batch_rows=batch_rows):
         chunk.write(_batch(seq + read, rows))
         for i, (lsn, _xid, data) in enumerate(rows):
             size += len(data)
             if boundaries.after(data) and lsn > end_lsn:
                 kept, kept_bytes, end_lsn = read + i + 1, size, lsn
-                if open_at_end != boundaries.open:
-                    open_at_end = frozenset(boundaries.open)
         read += len(rows)
-    left_out, left_bytes = boundaries.left_out(open_at_end, kept)
-    messages = kept - sum(stop - first for first, stop in left_out)
-    _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary, %d of them of %d"
-               " streamed transaction(s) still open there", chunk.chunk, read, limit, kept,
-               kept - messages, len(open_at_end))
+    _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary",
+               chunk.chunk, read, limit, kept)
     if kept == 0:
         return read, None
-    record = ChunkRecord(chunk=chunk.chunk, first_seq=seq, last_seq=seq + messages - 1,
-                         end_lsn=end_lsn, bytes=kept_bytes - left_bytes)
-    return read, Cut(record, left_out, len(open_at_end))
+    return read, ChunkRecord(chunk=chunk.chunk, first_seq=seq, last_seq=seq + kept - 1,
+                             end_lsn=end_lsn, bytes=kept_bytes)
 
 
 def _options(recorded, conn, **given) -> PluginOptions:  # type: ignore[no-untyped-def]

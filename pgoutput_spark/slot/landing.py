@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -108,39 +107,25 @@ class ChunkFile:
         self._writer.write_batch(batch)
         self.rows += batch.num_rows
 
-    def commit(self, record: ChunkRecord, leave_out: Sequence[tuple[int, int]] = ()) -> str:
-        """Publish the rows written up to the record's last one, less the `leave_out` ranges.
-
-        The ranges are ``(first, end)`` row numbers, sorted; the rows kept
-        (``record.messages`` of them) are numbered ``record.first_seq`` on, and
-        the record goes in the footer.
-        """
+    def commit(self, record: ChunkRecord) -> str:
+        """Keep the first ``record.messages`` rows (the record in the footer) and publish them."""
         assert self._writer is not None and record.chunk == self.chunk
-        rows = record.messages + sum(end - first for first, end in leave_out)
-        if rows == self.rows and not leave_out:
+        keep = record.messages
+        if keep == self.rows:
             self._writer.add_key_value_metadata({_CHUNK_KEY: record.as_json()})
             self._writer.close()
             self._writer = None
             source = self._temp
-        else:  # rows after the last transaction boundary are read again next chunk, as are left-out ones
+        else:  # rows after the last transaction boundary are read again next chunk
             self._writer.close()
             self._writer = None
             source = self._temp.with_name(self._temp.stem + "-cut.parquet")
-            keep = np.ones(rows, dtype=bool)
-            for first, end in leave_out:
-                keep[first:end] = False
-            offset, seq = 0, record.first_seq
             with pq.ParquetWriter(source, CAPTURE_SCHEMA, compression=self._compression) as out:
                 for batch in pq.ParquetFile(self._temp).iter_batches(batch_size=65_536):
-                    if offset >= rows:
+                    if keep <= 0:
                         break
-                    batch = batch.slice(0, rows - offset)
-                    mask, offset = keep[offset:offset + batch.num_rows], offset + batch.num_rows
-                    if not mask.all():
-                        batch = batch.filter(pa.array(mask))
-                    numbers = pa.array(np.arange(seq, seq + batch.num_rows, dtype=np.int64))
-                    out.write_batch(pa.record_batch([numbers, *batch.columns[1:]], schema=CAPTURE_SCHEMA))
-                    seq += batch.num_rows
+                    out.write_batch(batch.slice(0, keep))
+                    keep -= min(keep, batch.num_rows)
                 out.add_key_value_metadata({_CHUNK_KEY: record.as_json()})
             self._temp.unlink()
         try:

@@ -42,21 +42,6 @@ def test_a_chunk_keeps_the_rows_up_to_its_boundary_and_records_itself(tmp_path: 
     assert landing.last_chunk().last_seq == 12  # type: ignore[union-attr]
 
 
-def test_a_chunk_leaves_out_ranges_and_numbers_the_rest_on(tmp_path: Path) -> None:
-    landing = ParquetLanding(tmp_path)
-    landing.open(INFO)
-    chunk = landing.new_chunk(0)
-    for first in range(0, 200_000, 50_000):  # more rows than one batch of the rewrite
-        chunk.write(_rows(50 + first, 50_000))
-    record = ChunkRecord(chunk=0, first_seq=50, last_seq=50 + 149_990 - 1, end_lsn=7, bytes=1)
-    path = chunk.commit(record, [(0, 2), (65_535, 65_540), (100_000, 100_003)])
-    table = pq.read_table(path)
-    assert table.column("seq").to_pylist() == list(range(50, 50 + 149_990))
-    kept = [*range(2, 65_535), *range(65_540, 100_000), *range(100_003, 150_000)]
-    assert table.column("data").to_pylist() == [b"C%d" % (50 + i) for i in kept]
-    assert landing.last_chunk() == record
-
-
 def test_a_discarded_or_crashed_chunk_leaves_nothing_visible(tmp_path: Path) -> None:
     landing = ParquetLanding(tmp_path)
     landing.open(INFO)

@@ -4,7 +4,10 @@ Each chunk is read with a peek, written to the landing, committed there (a
 file rename), and only then is the slot advanced to the chunk's end. A chunk
 ends at a transaction boundary where no streamed transaction is open (the
 rows after it are read again by the next peek, which decodes them the same
-way), and the slot is advanced to that boundary's LSN. So:
+way), and the slot is advanced to that boundary's LSN. (Not inside an open
+streamed transaction: the next session would send it again from its start,
+and PostgreSQL 16.2 was seen to leave a subtransaction's Stream Abort out of
+such a resend; README, Status.) So:
 
 - killed before the file is in place: nothing was landed, the slot did not
   move, the next run reads the same chunk again;

@@ -70,11 +70,15 @@ class CaptureColumns:
         return capture.select(*columns)
 
 
+def _hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """``path`` as a Hadoop path, and its file system (any Spark reads)."""
+    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[attr-defined]
+    return hadoop_path, hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+
+
 def _exists(spark: SparkSession, path: str) -> bool:
     """Whether ``path`` exists, on any file system Spark reads (Hadoop's)."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    hadoop_path, fs = _hadoop(spark, path)
     return bool(fs.exists(hadoop_path))
 
 
@@ -86,14 +90,12 @@ def _landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
     """The ``_pgoutput_capture.json`` that `pgoutput-spark capture` wrote in `path`, if any."""
     from .slot.landing import LANDING_INFO_FILE
 
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/" + LANDING_INFO_FILE)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    hadoop_path, fs = _hadoop(spark, path.rstrip("/") + "/" + LANDING_INFO_FILE)
     if not fs.exists(hadoop_path):
         return None
     stream = fs.open(hadoop_path)
     try:
-        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        text = spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")  # type: ignore[attr-defined]
     finally:
         stream.close()
     try:

@@ -7,7 +7,9 @@ rows after it are read again by the next peek, which decodes them the same
 way), and the slot is advanced to that boundary's LSN. (Not inside an open
 streamed transaction: the next session would send it again from its start,
 and PostgreSQL 16.2 was seen to leave a subtransaction's Stream Abort out of
-such a resend; README, Status.) So:
+such a resend; README, Status. A chunk whose streamed transactions sent a
+subtransaction's changes without its Stream Abort, which the server reports
+rolled back, is read again without streaming.) So:
 
 - killed before the file is in place: nothing was landed, the slot did not
   move, the next run reads the same chunk again;
@@ -51,6 +53,11 @@ _ENDS = frozenset({MessageType.COMMIT, MessageType.PREPARE, MessageType.COMMIT_P
                    MessageType.ROLLBACK_PREPARED})
 
 
+#: Messages that carry the (sub)transaction's xid after their type byte inside a stream block.
+_CHANGES = frozenset({MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE, MessageType.TRUNCATE,
+                      MessageType.MESSAGE})
+
+
 class Boundaries:
     """Finds the messages after which a chunk may end: transaction ends with no stream open.
 
@@ -58,29 +65,52 @@ class Boundaries:
     so do Stream Commit, Stream Prepare and a Stream Abort of the top-level
     transaction. A boundary is usable only outside a Stream Start / Stop block
     and when every streamed transaction begun so far has ended.
+
+    It also notes, for each streamed transaction that commits or prepares, the
+    subtransactions whose changes it sent and did not abort (`settled`: the
+    message index of the Stream Commit / Prepare, and those xids), for
+    `_read_chunk` to check with the server.
     """
 
     def __init__(self) -> None:
         self.in_block = False
+        self.block_xid = 0
         self.open: set[int] = set()
+        self.settled: list[tuple[int, set[int]]] = []
+        self._subxacts: dict[int, set[int]] = {}  # open streamed transaction -> subtransactions seen
+        self._fed = 0
 
     def after(self, data: bytes) -> bool:
         """Feed the next message; True if a chunk may end right after it."""
+        index, self._fed = self._fed, self._fed + 1
         kind = data[0] if data else -1
+        if self.in_block and kind in _CHANGES and len(data) >= 5:
+            xid = int.from_bytes(data[1:5], "big")
+            if xid != self.block_xid:
+                self._subxacts.setdefault(self.block_xid, set()).add(xid)
+            return False
         if kind == MessageType.STREAM_START:
-            self.in_block = True
-            self.open.add(decode_message(data).xid)  # type: ignore[attr-defined]
+            start = decode_message(data)
+            self.in_block, self.block_xid = True, start.xid  # type: ignore[attr-defined]
+            self.open.add(start.xid)  # type: ignore[attr-defined]
+            if start.first_segment:  # type: ignore[attr-defined]
+                self._subxacts[start.xid] = set()  # type: ignore[attr-defined]
             return False
         if kind == MessageType.STREAM_STOP:
             self.in_block = False
             return False
         if kind in (MessageType.STREAM_COMMIT, MessageType.STREAM_PREPARE):
-            self.open.discard(decode_message(data).xid)  # type: ignore[attr-defined]
+            xid = decode_message(data).xid  # type: ignore[attr-defined]
+            self.open.discard(xid)
+            if subxacts := self._subxacts.pop(xid, None):
+                self.settled.append((index, subxacts))
         elif kind == MessageType.STREAM_ABORT:
             abort = decode_message(data)
             if abort.xid != abort.subxid:  # type: ignore[attr-defined]
+                self._subxacts.get(abort.xid, set()).discard(abort.subxid)  # type: ignore[attr-defined]
                 return False  # a subtransaction: the streamed transaction goes on
             self.open.discard(abort.xid)  # type: ignore[attr-defined]
+            self._subxacts.pop(abort.xid, None)  # type: ignore[attr-defined]
         elif kind not in _ENDS:
             return False
         return not self.in_block and not self.open
@@ -93,13 +123,20 @@ class ChunkProgress:
     record: ChunkRecord
     server_lsn: Lsn
     seconds: float
+    #: rolled-back subtransactions whose changes a streamed peek sent without their Stream Abort
+    #: (the chunk was read again without streaming)
+    lost_aborts: tuple[int, ...] = ()
 
     def render(self) -> str:
         r = self.record
         lag = max(0, int(self.server_lsn) - r.end_lsn)
-        return (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
+        line = (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
                 f"..{r.last_seq} in {self.seconds:.1f} s; slot at {Lsn(r.end_lsn)},"
                 f" {lag / 1e6:.1f} MB behind the server")
+        if self.lost_aborts:
+            line += (f"; read without streaming: the server streamed rolled-back subtransaction(s)"
+                     f" {', '.join(map(str, self.lost_aborts))} without their Stream Abort")
+        return line
 
 
 @dataclass
@@ -216,13 +253,22 @@ def capture_slot(
         next_chunk = 0 if last is None else last.chunk + 1
         next_seq = 0 if last is None else last.last_seq + 1
         want: int | None = None
+        lost: set[int] = set()  # a streamed peek of this chunk lost these subtransactions' aborts
         while max_messages is None or result.messages < max_messages:
             if want is None:
                 want = chunk_size if max_messages is None else min(chunk_size, max_messages - result.messages)
             started = time.monotonic()
             chunk = target.new_chunk(next_chunk)
             try:
-                read, record = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows, position)
+                read, record, sent = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows,
+                                                 position, streaming=not lost)
+                if record is not None and (aborted := source.aborted(sent)):
+                    lost |= aborted
+                    _log.warning("chunk %d: the server streamed the changes of subtransaction(s) %s, which"
+                                 " it reports rolled back, without their Stream Abort: reading the chunk"
+                                 " again without streaming", next_chunk, sorted(aborted))
+                    chunk.discard()
+                    continue
                 if record is None:
                     chunk.discard()
                     if read < want:  # decoding reached the end: what is left is unfinished
@@ -238,7 +284,9 @@ def capture_slot(
             source.advance(Lsn(record.end_lsn))
             result.chunks.append(record)
             if progress is not None:
-                progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started))
+                progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started,
+                                       tuple(sorted(lost))))
+            lost = set()
             next_chunk, next_seq, position = next_chunk + 1, record.last_seq + 1, record.end_lsn
             if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):
                 result.caught_up = read < want and _at_end(source, stop_lsn)
@@ -290,14 +338,23 @@ def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
 
 
 def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,  # type: ignore[no-untyped-def]
-                batch_rows: int, start_lsn: int) -> tuple[int, ChunkRecord | None]:
-    """Peek up to the chunk's limit into `chunk`; return messages read and the record to commit.
+                batch_rows: int, start_lsn: int, *, streaming: bool = True,
+                ) -> tuple[int, ChunkRecord | None, set[int]]:
+    """Peek up to the chunk's limit into `chunk`; return messages read, the record to commit, and
+    the subtransactions whose changes the chunk's streamed transactions sent and did not abort.
 
     The chunk ends at the last boundary past `start_lsn` (the slot's position).
     A session that starts decoding again can stream a transaction that ended
     before that position (it was aborted, or committed and is then aborted
     for the client): its Stream Abort has an older LSN and is no place to end,
     or the slot would never move and each chunk would repeat it.
+
+    A session that starts decoding again can also stream a transaction whose
+    subtransaction it later finds rolled back without sending that Stream
+    Abort (PostgreSQL 16.2 did, for a transaction open across sessions whose
+    earlier changes it had spilled to disk): the caller asks the server
+    about the subtransactions returned, and reads the chunk again without
+    streaming if one was rolled back.
     """
     boundaries = Boundaries()
     read = 0
@@ -305,7 +362,7 @@ def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn |
     kept_bytes = 0
     size = 0
     end_lsn = start_lsn
-    for rows in source.peek(limit=limit, upto_lsn=stop_lsn, batch_rows=batch_rows):
+    for rows in source.peek(limit=limit, upto_lsn=stop_lsn, batch_rows=batch_rows, streaming=streaming):
         chunk.write(_batch(seq + read, rows))
         for i, (lsn, _xid, data) in enumerate(rows):
             size += len(data)
@@ -315,9 +372,10 @@ def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn |
     _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary",
                chunk.chunk, read, limit, kept)
     if kept == 0:
-        return read, None
+        return read, None, set()
+    sent = {xid for index, subxacts in boundaries.settled if index < kept for xid in subxacts}
     return read, ChunkRecord(chunk=chunk.chunk, first_seq=seq, last_seq=seq + kept - 1,
-                             end_lsn=end_lsn, bytes=kept_bytes)
+                             end_lsn=end_lsn, bytes=kept_bytes), sent
 
 
 def _options(recorded, conn, **given) -> PluginOptions:  # type: ignore[no-untyped-def]

@@ -9,8 +9,8 @@ connection string is never part of a message (it may hold a password).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -166,12 +166,14 @@ class SlotSource:
 
     # -- reading and advancing --------------------------------------------------------------
 
-    def peek(self, *, limit: int, upto_lsn: Lsn | None, batch_rows: int) -> Iterator[
+    def peek(self, *, limit: int, upto_lsn: Lsn | None, batch_rows: int, streaming: bool = True) -> Iterator[
             list[tuple[int, int, bytes]]]:
         """The slot's pending messages as lists of (lsn, xid, data), `batch_rows` at a time.
 
         Decoding stops at the first transaction (or streamed block) after
-        `limit` messages, or at `upto_lsn`. The slot does not move.
+        `limit` messages, or at `upto_lsn`. The slot does not move. With
+        ``streaming=False`` the landing's streaming option is left off for
+        this peek (every transaction comes whole at its commit).
 
         Every peek runs in a new server session, so that what it decodes
         depends only on the slot's position: a session that decoded before
@@ -186,11 +188,23 @@ class SlotSource:
                 self.apply_settings(reader)
                 with reader.transaction(), reader.cursor("pgoutput_spark_peek", binary=True) as cursor:
                     cursor.itersize = batch_rows
-                    cursor.execute(_PEEK, (self.slot, upto, limit, self.options.as_list()))
+                    options = self.options if streaming else replace(self.options, streaming=None)
+                    cursor.execute(_PEEK, (self.slot, upto, limit, options.as_list()))
                     while rows := cursor.fetchmany(batch_rows):
                         yield [(lsn, xid, bytes(data)) for lsn, xid, data in rows]
         except psycopg.Error as exc:
             raise self._error("read", exc) from None
+
+    def aborted(self, xids: Iterable[int]) -> set[int]:
+        """Those of `xids` (32-bit, recent) that the server reports aborted (`pg_xact_status`)."""
+        wanted = sorted(set(xids))
+        if not wanted:
+            return set()
+        rows = self.conn.execute(
+            "SELECT x, pg_xact_status((((CASE WHEN x > (n & 4294967295) THEN (n >> 32) - 1 ELSE n >> 32 END)"
+            " << 32) | x)::text::xid8) FROM unnest(%s::int8[]) AS x,"
+            " (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS n) AS now", (wanted,)).fetchall()
+        return {int(x) for x, status in rows if status == "aborted"}
 
     def advance(self, lsn: Lsn) -> None:
         try:

@@ -46,6 +46,24 @@ def test_no_end_while_a_streamed_transaction_is_open() -> None:
     assert _ends(messages) == [10, 12, 16, 19]
 
 
+def test_streamed_transactions_settle_with_the_subtransactions_they_sent_and_kept() -> None:
+    messages = [
+        b.stream_start(10, True), b.insert(1, ROW, xid=10), b.insert(1, ROW, xid=11),   # 0..2
+        b.insert(1, ROW, xid=12), b.stream_stop(),                                      # 3..4
+        b.stream_abort(10, 12),                                                          # 5
+        b.stream_start(20, True), b.insert(1, ROW, xid=21), b.stream_stop(),            # 6..8
+        b.stream_start(10, False), b.insert(1, ROW, xid=13), b.stream_stop(),           # 9..11
+        b.stream_commit(10, 200, 220, 0),                                                # 12: 11 and 13 kept
+        b.stream_abort(20, 20, 300, 0),                                                  # 13: all of 20 gone
+        b.stream_start(30, True), b.insert(1, ROW, xid=30), b.stream_stop(),            # 14..16
+        b.prepare(500, 520, 0, 30, "g", stream=True),                                    # 17: top level only
+    ]
+    tracker = Boundaries()
+    for m in messages:
+        tracker.after(m)
+    assert tracker.settled == [(12, {11, 13})]
+
+
 def test_session_settings_we_set_are_readable() -> None:
     check_session_settings(SESSION_SETTINGS, source="here")
     check_session_settings({"DateStyle": "ISO, MDY", "bytea_output": "escape", "extra_float_digits": "1",

@@ -268,6 +268,61 @@ def test_a_lost_connection_mid_chunk_lands_nothing_of_that_chunk(
     assert _landed(landing).equals(_landed(whole))
 
 
+def test_a_rolled_back_subtransaction_streamed_without_its_abort_is_read_again_unstreamed(
+        pg15: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL can stream a rolled-back subtransaction's changes and leave out its Stream
+    Abort when a transaction spans decoding sessions (README, Status). Played here by taking
+    the Stream Aborts of subtransactions out of what a streamed peek returns: the capture asks
+    the server about the subtransactions it was sent, finds one rolled back, and lands that
+    chunk from a peek without streaming. A savepoint released (committed) is no reason to."""
+    from pgoutput_spark.slot import source
+    from pgoutput_spark.slot.capture import ChunkProgress
+
+    db = _setup(pg15, slots=("landed", "twin"))
+    pad = "x" * 300
+    with pg15.connect(db, autocommit=False) as conn:
+        conn.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 300) g")  # streamed
+        conn.execute("SAVEPOINT kept")
+        conn.execute(f"INSERT INTO u SELECT g, 'kept {pad}' FROM generate_series(301, 600) g")
+        conn.execute("RELEASE SAVEPOINT kept")
+        conn.execute("SAVEPOINT gone")
+        conn.execute(f"INSERT INTO u SELECT g, 'gone {pad}' FROM generate_series(601, 900) g")
+        conn.execute("ROLLBACK TO SAVEPOINT gone")
+        conn.execute("INSERT INTO t VALUES (1, 'after')")
+    pg15.execute("INSERT INTO t VALUES (2, 'next')", dbname=db)
+    options: dict[str, Any] = {"publications": [PUB], "proto_version": 2, "streaming": "on", "chunk_size": 5}
+
+    honest = capture_slot(str(tmp_path / "twin"), slot=f"{db}_twin", dsn=pg15.conninfo(db), **options)
+    twin = _landed(tmp_path / "twin").column("data").to_pylist()
+    assert b"S" in {d[:1] for d in twin} and b"A" in {d[:1] for d in twin}  # streamed, with its abort
+    assert honest.chunks
+
+    peek, streamed_peeks = source.SlotSource.peek, []
+
+    def losing_subtransaction_aborts(self, **kwargs):  # type: ignore[no-untyped-def]
+        streamed_peeks.append(kwargs.get("streaming", True))
+        for rows in peek(self, **kwargs):
+            yield [row for row in rows if not (row[2][:1] == b"A" and row[2][1:5] != row[2][5:9])]
+
+    monkeypatch.setattr(source.SlotSource, "peek", losing_subtransaction_aborts)
+    progress: list[ChunkProgress] = []
+    result = capture_slot(str(tmp_path / "landed"), slot=f"{db}_landed", dsn=pg15.conninfo(db),
+                          progress=progress.append, **options)
+    assert streamed_peeks[-2:] == [True, False] and len(result.chunks) == 1
+    first = _landed(tmp_path / "landed").column("data").to_pylist()
+    kinds = [d[:1] for d in first]
+    assert b"S" not in kinds and kinds.count(b"B") == kinds.count(b"C") == 2  # the transactions whole
+    assert sum(b"kept " in d for d in first) == 300 and not any(b"gone " in d for d in first)
+    assert progress[0].lost_aborts and "read without streaming: the server streamed rolled-back" \
+        " subtransaction(s)" in progress[0].render()
+
+    pg15.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 300) g", dbname=db)
+    capture_slot(str(tmp_path / "landed"), slot=f"{db}_landed", dsn=pg15.conninfo(db),
+                 progress=progress.append, **options)
+    assert streamed_peeks[-1] is True and not progress[-1].lost_aborts  # the next chunk streams again
+    assert b"S" in {d[:1] for d in _landed(tmp_path / "landed").column("data").to_pylist()}
+
+
 def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_path: Path) -> None:
     import json
 

@@ -68,15 +68,15 @@ class Boundaries:
 
     It also notes, for each streamed transaction that commits or prepares, the
     subtransactions whose changes it sent and did not abort (`settled`: the
-    message index of the Stream Commit / Prepare, and those xids), for
-    `_read_chunk` to check with the server.
+    message index of the Stream Commit / Prepare, the transaction's xid, and
+    those xids), for `_read_chunk` to check with the server.
     """
 
     def __init__(self) -> None:
         self.in_block = False
         self.block_xid = 0
         self.open: set[int] = set()
-        self.settled: list[tuple[int, set[int]]] = []
+        self.settled: list[tuple[int, int, set[int]]] = []
         self._subxacts: dict[int, set[int]] = {}  # open streamed transaction -> subtransactions seen
         self._fed = 0
 
@@ -103,7 +103,7 @@ class Boundaries:
             xid = decode_message(data).xid  # type: ignore[attr-defined]
             self.open.discard(xid)
             if subxacts := self._subxacts.pop(xid, None):
-                self.settled.append((index, subxacts))
+                self.settled.append((index, xid, subxacts))
         elif kind == MessageType.STREAM_ABORT:
             abort = decode_message(data)
             if abort.xid != abort.subxid:  # type: ignore[attr-defined]
@@ -262,7 +262,7 @@ def capture_slot(
             try:
                 read, record, sent = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows,
                                                  position, streaming=not lost)
-                if record is not None and (aborted := source.aborted(sent)):
+                if record is not None and (aborted := _aborts_not_sent(source, sent)):
                     lost |= aborted
                     _log.warning("chunk %d: the server streamed the changes of subtransaction(s) %s, which"
                                  " it reports rolled back, without their Stream Abort: reading the chunk"
@@ -332,6 +332,15 @@ def _check_binary_types(conn: psycopg.Connection[Any], publications: Sequence[st
             " (a column list)")
 
 
+def _aborts_not_sent(source: SlotSource, sent: dict[int, int]) -> set[int]:
+    """The subtransactions in `sent` (subxid -> its transaction) that the server reports rolled back
+    while their transaction is not (a prepared transaction rolled back since is no omission)."""
+    if not sent:
+        return set()
+    aborted = source.aborted([*sent, *sent.values()])
+    return {sub for sub, top in sent.items() if sub in aborted and top not in aborted}
+
+
 def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
     """Whether a peek that returned less than asked reached the server's end (not `stop_lsn`)."""
     return stop_lsn is None or source.server_lsn() <= stop_lsn
@@ -339,9 +348,10 @@ def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
 
 def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,  # type: ignore[no-untyped-def]
                 batch_rows: int, start_lsn: int, *, streaming: bool = True,
-                ) -> tuple[int, ChunkRecord | None, set[int]]:
+                ) -> tuple[int, ChunkRecord | None, dict[int, int]]:
     """Peek up to the chunk's limit into `chunk`; return messages read, the record to commit, and
-    the subtransactions whose changes the chunk's streamed transactions sent and did not abort.
+    the subtransactions whose changes the chunk's streamed transactions sent and did not abort
+    (each with its transaction's xid).
 
     The chunk ends at the last boundary past `start_lsn` (the slot's position).
     A session that starts decoding again can stream a transaction that ended
@@ -372,8 +382,8 @@ def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn |
     _log.debug("chunk %d: peeked %d messages (limit %d), %d up to the last boundary",
                chunk.chunk, read, limit, kept)
     if kept == 0:
-        return read, None, set()
-    sent = {xid for index, subxacts in boundaries.settled if index < kept for xid in subxacts}
+        return read, None, {}
+    sent = {sub: xid for index, xid, subxacts in boundaries.settled if index < kept for sub in subxacts}
     return read, ChunkRecord(chunk=chunk.chunk, first_seq=seq, last_seq=seq + kept - 1,
                              end_lsn=end_lsn, bytes=kept_bytes), sent
 

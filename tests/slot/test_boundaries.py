@@ -61,7 +61,7 @@ def test_streamed_transactions_settle_with_the_subtransactions_they_sent_and_kep
     tracker = Boundaries()
     for m in messages:
         tracker.after(m)
-    assert tracker.settled == [(12, {11, 13})]
+    assert tracker.settled == [(12, 10, {11, 13})]
 
 
 def test_session_settings_we_set_are_readable() -> None:

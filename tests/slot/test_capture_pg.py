@@ -274,12 +274,20 @@ def test_a_rolled_back_subtransaction_streamed_without_its_abort_is_read_again_u
     Abort when a transaction spans decoding sessions (README, Status). Played here by taking
     the Stream Aborts of subtransactions out of what a streamed peek returns: the capture asks
     the server about the subtransactions it was sent, finds one rolled back, and lands that
-    chunk from a peek without streaming. A savepoint released (committed) is no reason to."""
+    chunk from a peek without streaming. A savepoint released (committed) is no reason to, nor
+    is a streamed prepared transaction rolled back before the capture."""
     from pgoutput_spark.slot import source
     from pgoutput_spark.slot.capture import ChunkProgress
 
-    db = _setup(pg15, slots=("landed", "twin"))
+    db = _setup(pg15, slots=("landed", "twin"), two_phase=True)
     pad = "x" * 300
+    with pg15.connect(db, autocommit=False) as conn:
+        conn.execute(f"INSERT INTO u SELECT g, 'prepared {pad}' FROM generate_series(1, 300) g")
+        conn.execute("SAVEPOINT p")
+        conn.execute(f"INSERT INTO u SELECT g, 'prepared {pad}' FROM generate_series(301, 400) g")
+        conn.execute("RELEASE SAVEPOINT p")
+        conn.execute("PREPARE TRANSACTION 'undone'")
+    pg15.execute("ROLLBACK PREPARED 'undone'", dbname=db)
     with pg15.connect(db, autocommit=False) as conn:
         conn.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 300) g")  # streamed
         conn.execute("SAVEPOINT kept")
@@ -290,7 +298,8 @@ def test_a_rolled_back_subtransaction_streamed_without_its_abort_is_read_again_u
         conn.execute("ROLLBACK TO SAVEPOINT gone")
         conn.execute("INSERT INTO t VALUES (1, 'after')")
     pg15.execute("INSERT INTO t VALUES (2, 'next')", dbname=db)
-    options: dict[str, Any] = {"publications": [PUB], "proto_version": 2, "streaming": "on", "chunk_size": 5}
+    options: dict[str, Any] = {"publications": [PUB], "proto_version": 3, "streaming": "on", "two_phase": True,
+                               "chunk_size": 5}
 
     honest = capture_slot(str(tmp_path / "twin"), slot=f"{db}_twin", dsn=pg15.conninfo(db), **options)
     twin = _landed(tmp_path / "twin").column("data").to_pylist()
@@ -308,19 +317,24 @@ def test_a_rolled_back_subtransaction_streamed_without_its_abort_is_read_again_u
     progress: list[ChunkProgress] = []
     result = capture_slot(str(tmp_path / "landed"), slot=f"{db}_landed", dsn=pg15.conninfo(db),
                           progress=progress.append, **options)
-    assert streamed_peeks[-2:] == [True, False] and len(result.chunks) == 1
-    first = _landed(tmp_path / "landed").column("data").to_pylist()
-    kinds = [d[:1] for d in first]
-    assert b"S" not in kinds and kinds.count(b"B") == kinds.count(b"C") == 2  # the transactions whole
-    assert sum(b"kept " in d for d in first) == 300 and not any(b"gone " in d for d in first)
-    assert progress[0].lost_aborts and "read without streaming: the server streamed rolled-back" \
-        " subtransaction(s)" in progress[0].render()
+    # The prepared transaction (streamed, then Rollback Prepared) lands as streamed; the chunk
+    # holding the savepoints, read again without streaming, holds its transactions whole.
+    assert streamed_peeks[-2:] == [True, False] and len(result.chunks) == len(progress) == 3
+    assert [bool(p.lost_aborts) for p in progress] == [False, False, True]
+    assert "read without streaming: the server streamed rolled-back subtransaction(s)" in progress[2].render()
+    last = pq.read_table(tmp_path / "landed" / "part-00000002.parquet").column("data").to_pylist()
+    kinds = [d[:1] for d in last]
+    assert b"S" not in kinds and kinds.count(b"B") == kinds.count(b"C") == 2
+    assert sum(b"kept " in d for d in last) == 300 and not any(b"gone " in d for d in last)
+    assert b"S" in {d[:1] for d in pq.read_table(tmp_path / "landed" / "part-00000000.parquet")
+                    .column("data").to_pylist()}
 
     pg15.execute(f"INSERT INTO u SELECT g, '{pad}' FROM generate_series(1, 300) g", dbname=db)
     capture_slot(str(tmp_path / "landed"), slot=f"{db}_landed", dsn=pg15.conninfo(db),
                  progress=progress.append, **options)
     assert streamed_peeks[-1] is True and not progress[-1].lost_aborts  # the next chunk streams again
-    assert b"S" in {d[:1] for d in _landed(tmp_path / "landed").column("data").to_pylist()}
+    assert b"S" in {d[:1] for d in pq.read_table(tmp_path / "landed" / "part-00000003.parquet")
+                    .column("data").to_pylist()}
 
 
 def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_path: Path) -> None:

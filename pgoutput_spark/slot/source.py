@@ -200,10 +200,13 @@ class SlotSource:
         wanted = sorted(set(xids))
         if not wanted:
             return set()
-        rows = self.conn.execute(
-            "SELECT x, pg_xact_status((((CASE WHEN x > (n & 4294967295) THEN (n >> 32) - 1 ELSE n >> 32 END)"
-            " << 32) | x)::text::xid8) FROM unnest(%s::int8[]) AS x,"
-            " (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS n) AS now", (wanted,)).fetchall()
+        try:  # a 32-bit xid above the next one's low half is from the epoch before
+            rows = self.conn.execute(
+                "SELECT x, pg_xact_status((((CASE WHEN x > (n & 4294967295) THEN (n >> 32) - 1 ELSE n >> 32 END)"
+                " << 32) | x)::text::xid8) FROM unnest(%s::int8[]) AS x,"
+                " (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS n) AS now", (wanted,)).fetchall()
+        except psycopg.Error as exc:
+            raise self._error("check transaction status on", exc) from None
         return {int(x) for x, status in rows if status == "aborted"}
 
     def advance(self, lsn: Lsn) -> None:

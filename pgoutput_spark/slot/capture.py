@@ -4,12 +4,14 @@ Each chunk is read with a peek, written to the landing, committed there (a
 file rename), and only then is the slot advanced to the chunk's end. A chunk
 ends at a transaction boundary where no streamed transaction is open (the
 rows after it are read again by the next peek, which decodes them the same
-way), and the slot is advanced to that boundary's LSN. (Not inside an open
+way), and the slot is advanced to that boundary's LSN. Not inside an open
 streamed transaction: the next session would send it again from its start,
 and PostgreSQL 16.2 was seen to leave a subtransaction's Stream Abort out of
-such a resend; README, Status. A chunk whose streamed transactions sent a
-subtransaction's changes without its Stream Abort, which the server reports
-rolled back, is read again without streaming.) So:
+such a resend (README, `capture`). A streamed read is read again without
+streaming when streamed transactions overlap through all of it (no place to
+end), and when its streamed transactions sent the changes of a
+subtransaction that the server reports rolled back without its Stream Abort.
+So:
 
 - killed before the file is in place: nothing was landed, the slot did not
   move, the next run reads the same chunk again;
@@ -126,6 +128,9 @@ class ChunkProgress:
     #: rolled-back subtransactions whose changes a streamed peek sent without their Stream Abort
     #: (the chunk was read again without streaming)
     lost_aborts: tuple[int, ...] = ()
+    #: messages a streamed peek read with no transaction end outside an open streamed transaction
+    #: (the chunk was read again without streaming)
+    overlapping: int = 0
 
     def render(self) -> str:
         r = self.record
@@ -136,6 +141,9 @@ class ChunkProgress:
         if self.lost_aborts:
             line += (f"; read without streaming: the server streamed rolled-back subtransaction(s)"
                      f" {', '.join(map(str, self.lost_aborts))} without their Stream Abort")
+        elif self.overlapping:
+            line += (f"; read without streaming: streamed transactions overlapped through all"
+                     f" {self.overlapping:,} messages read")
         return line
 
 
@@ -254,6 +262,8 @@ def capture_slot(
         next_seq = 0 if last is None else last.last_seq + 1
         want: int | None = None
         lost: set[int] = set()  # a streamed peek of this chunk lost these subtransactions' aborts
+        overlapping = 0  # a streamed peek of this chunk found no end outside open streams in this many
+        streamed = options.streaming in ("on", "parallel")
         while max_messages is None or result.messages < max_messages:
             if want is None:
                 want = chunk_size if max_messages is None else min(chunk_size, max_messages - result.messages)
@@ -261,7 +271,7 @@ def capture_slot(
             chunk = target.new_chunk(next_chunk)
             try:
                 read, record, sent = _read_chunk(source, chunk, next_seq, want, stop_lsn, batch_rows,
-                                                 position, streaming=not lost)
+                                                 position, streaming=not (lost or overlapping))
                 if record is not None and (aborted := _aborts_not_sent(source, sent)):
                     lost |= aborted
                     _log.warning("chunk %d: the server streamed the changes of subtransaction(s) %s, which"
@@ -271,6 +281,14 @@ def capture_slot(
                     continue
                 if record is None:
                     chunk.discard()
+                    if streamed and read and not overlapping and (
+                            read < want or want >= _unstreamed_after(chunk_size)):
+                        # streamed transactions overlap through all of it: without streaming, every
+                        # commit is a place to end, and those still open come in a later chunk
+                        overlapping = read
+                        _log.info("chunk %d: streamed transactions overlap through all %d messages read:"
+                                  " reading it again without streaming", next_chunk, read)
+                        continue
                     if read < want:  # decoding reached the end: what is left is unfinished
                         result.caught_up = _at_end(source, stop_lsn)
                         break
@@ -285,8 +303,8 @@ def capture_slot(
             result.chunks.append(record)
             if progress is not None:
                 progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started,
-                                       tuple(sorted(lost))))
-            lost = set()
+                                       tuple(sorted(lost)), overlapping))
+            lost, overlapping = set(), 0
             next_chunk, next_seq, position = next_chunk + 1, record.last_seq + 1, record.end_lsn
             if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):
                 result.caught_up = read < want and _at_end(source, stop_lsn)
@@ -330,6 +348,17 @@ def _check_binary_types(conn: psycopg.Connection[Any], publications: Sequence[st
             f"binary capture: the apply cannot read these columns' values in binary form: {', '.join(bad)};"
             " capture without binary (text format), or leave these columns out of the publication"
             " (a column list)")
+
+
+#: A streamed read of a chunk that finds no transaction end outside open streamed transactions
+#: in this many times ``chunk_size`` messages (and at least `_UNSTREAMED_MIN`) reads it again
+#: without streaming, as it does when it reaches the server's end without one.
+_UNSTREAMED_AFTER = 10
+_UNSTREAMED_MIN = 100_000
+
+
+def _unstreamed_after(chunk_size: int) -> int:
+    return max(_UNSTREAMED_AFTER * chunk_size, _UNSTREAMED_MIN)
 
 
 def _aborts_not_sent(source: SlotSource, sent: dict[int, int]) -> set[int]:

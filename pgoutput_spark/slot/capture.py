@@ -281,7 +281,7 @@ def capture_slot(
                     continue
                 if record is None:
                     chunk.discard()
-                    if streamed and read and not overlapping and (
+                    if streamed and read and not (lost or overlapping) and (
                             read < want or want >= _unstreamed_after(chunk_size)):
                         # streamed transactions overlap through all of it: without streaming, every
                         # commit is a place to end, and those still open come in a later chunk
@@ -364,8 +364,6 @@ def _unstreamed_after(chunk_size: int) -> int:
 def _aborts_not_sent(source: SlotSource, sent: dict[int, int]) -> set[int]:
     """The subtransactions in `sent` (subxid -> its transaction) that the server reports rolled back
     while their transaction is not (a prepared transaction rolled back since is no omission)."""
-    if not sent:
-        return set()
     aborted = source.aborted([*sent, *sent.values()])
     return {sub for sub, top in sent.items() if sub in aborted and top not in aborted}
 

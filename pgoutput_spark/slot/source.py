@@ -209,6 +209,27 @@ class SlotSource:
             raise self._error("check transaction status on", exc) from None
         return {int(x) for x, status in rows if status == "aborted"}
 
+    def can_log_running_xacts(self) -> bool:
+        """Whether this session may write a running-transactions record: PostgreSQL 16 or later, a
+        primary, and EXECUTE on ``pg_log_standby_snapshot()`` (superusers, or granted)."""
+        if int(self._scalar("SHOW server_version_num")) < 160000:
+            return False
+        return bool(self._scalar("SELECT NOT pg_is_in_recovery()"
+                                 " AND has_function_privilege('pg_log_standby_snapshot()', 'EXECUTE')"))
+
+    def log_running_xacts(self) -> None:
+        """Write a running-transactions record at the end of WAL (``pg_log_standby_snapshot()``).
+
+        PostgreSQL moves a slot's ``restart_lsn``, where every decoding session starts reading,
+        only at such records, which the server writes by itself after 15 seconds of activity;
+        one written after each chunk lets the slot's restart point follow the capture.
+        """
+        try:
+            self.conn.execute("SELECT pg_log_standby_snapshot()")
+        except psycopg.Error as exc:
+            raise CaptureError(f"can't write a running-transactions record on {self.where}:"
+                               f" {_first_line(exc)}") from None
+
     def advance(self, lsn: Lsn) -> None:
         try:
             self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, str(lsn)))

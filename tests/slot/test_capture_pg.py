@@ -357,6 +357,42 @@ def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_p
         capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), proto_version=2)
 
 
+def _restart(pg: PgCluster, db: str, slot: str) -> int:
+    rows = pg.query("SELECT (restart_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
+                    " WHERE slot_name = %s", (slot,), dbname=db)
+    return int(rows[0][0])
+
+
+def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
+        pg16: PgCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL moves a slot's restart_lsn, where every chunk's decoding starts, only at
+    running-transactions records, which the server writes by itself after 15 s of activity:
+    the capture has one written after each chunk (when the role may)."""
+    db = _setup(pg16, slots=("s",))
+    slot = f"{db}_s"
+    created = _restart(pg16, db, slot)
+    _plain_workload(pg16, db, 0)
+    first = capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), publications=[PUB],
+                         chunk_size=20)
+    assert len(first.chunks) > 2
+    _plain_workload(pg16, db, 100)
+    capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), chunk_size=20)
+    # The records written after the first capture's chunks lie past its last chunk: the second
+    # capture passed them, and the slot's restart point followed.
+    assert _restart(pg16, db, slot) >= first.chunks[-1].end_lsn > created
+
+    # A role that may not write them (EXECUTE on pg_log_standby_snapshot is for superusers
+    # unless granted) captures all the same, without a warning.
+    pg16.execute("DO $$ BEGIN CREATE ROLE capture_plain LOGIN REPLICATION; EXCEPTION WHEN"
+                 " duplicate_object THEN NULL; END $$", dbname=db)
+    pg16.create_slot(f"{db}_plain", dbname=db)
+    _plain_workload(pg16, db, 200)
+    dsn = f"host={pg16.host} port={pg16.port} dbname={db} user=capture_plain"
+    plain = capture_slot(str(tmp_path / "b"), slot=f"{db}_plain", dsn=dsn, publications=[PUB], chunk_size=20)
+    assert plain.messages > 0 and plain.caught_up
+    assert "running-transactions" not in caplog.text
+
+
 # -- bad situations ---------------------------------------------------------------------------------
 
 

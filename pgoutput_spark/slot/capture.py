@@ -131,6 +131,9 @@ class ChunkProgress:
     #: messages a streamed peek read with no transaction end outside an open streamed transaction
     #: (the chunk was read again without streaming)
     overlapping: int = 0
+    #: WAL the chunk's sessions decoded before its first message: from the slot's restart_lsn
+    #: to its position (see README, "Chunk size and speed")
+    decoded_before: int | None = None
 
     def render(self) -> str:
         r = self.record
@@ -138,6 +141,8 @@ class ChunkProgress:
         line = (f"chunk {r.chunk}: {r.messages:,} messages ({r.bytes / 1e6:.1f} MB) seq {r.first_seq}"
                 f"..{r.last_seq} in {self.seconds:.1f} s; slot at {Lsn(r.end_lsn)},"
                 f" {lag / 1e6:.1f} MB behind the server")
+        if self.decoded_before is not None:
+            line += f", {self.decoded_before / 1e6:.1f} MB of WAL decoded before the chunk"
         if self.lost_aborts:
             line += (f"; read without streaming: the server streamed rolled-back subtransaction(s)"
                      f" {', '.join(map(str, self.lost_aborts))} without their Stream Abort")
@@ -265,9 +270,11 @@ def capture_slot(
         overlapping = 0  # a streamed peek of this chunk found no end outside open streams in this many
         streamed = options.streaming in ("on", "parallel")
         log_xacts = source.can_log_running_xacts()  # see `_log_running_xacts`
+        restart: Lsn | None = None  # the slot's restart_lsn before the chunk, for the progress line
         while max_messages is None or result.messages < max_messages:
             if want is None:
                 want = chunk_size if max_messages is None else min(chunk_size, max_messages - result.messages)
+                restart = source.restart_lsn() if progress is not None else None
             started = time.monotonic()
             chunk = target.new_chunk(next_chunk)
             try:
@@ -306,7 +313,8 @@ def capture_slot(
             result.chunks.append(record)
             if progress is not None:
                 progress(ChunkProgress(record, source.server_lsn(), time.monotonic() - started,
-                                       tuple(sorted(lost)), overlapping))
+                                       tuple(sorted(lost)), overlapping,
+                                       None if restart is None else max(0, position - int(restart))))
             lost, overlapping = set(), 0
             next_chunk, next_seq, position = next_chunk + 1, record.last_seq + 1, record.end_lsn
             if read < want or (stop_lsn is not None and record.end_lsn >= stop_lsn):

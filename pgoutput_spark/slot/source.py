@@ -209,6 +209,12 @@ class SlotSource:
             raise self._error("check transaction status on", exc) from None
         return {int(x) for x, status in rows if status == "aborted"}
 
+    def restart_lsn(self) -> Lsn | None:
+        """Where the slot's next decoding session starts reading WAL."""
+        value = self._scalar("SELECT (restart_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
+                             " WHERE slot_name = %s", (self.slot,))
+        return None if value is None else Lsn(value)
+
     def can_log_running_xacts(self) -> bool:
         """Whether this session may write a running-transactions record: PostgreSQL 16 or later, a
         primary, and EXECUTE on ``pg_log_standby_snapshot()`` (superusers, or granted)."""

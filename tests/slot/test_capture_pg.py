@@ -157,6 +157,7 @@ def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "chunk 0: " in out and "MB behind the server" in out and "caught up with the server" in out
+    assert "MB of WAL decoded before the chunk" in out
     first_run = _landed(landing).num_rows
     _plain_workload(pg15, db, 100)
     result = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=7)
@@ -376,10 +377,15 @@ def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
                          chunk_size=20)
     assert len(first.chunks) > 2
     _plain_workload(pg16, db, 100)
-    capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), chunk_size=20)
+    lines: list[Any] = []
+    capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), chunk_size=20, progress=lines.append)
     # The records written after the first capture's chunks lie past its last chunk: the second
     # capture passed them, and the slot's restart point followed.
     assert _restart(pg16, db, slot) >= first.chunks[-1].end_lsn > created
+    # The progress line says how much WAL each chunk decoded before its own: the first chunk of
+    # the second capture all of the first capture's, the next ones only what came since.
+    before = [line.decoded_before for line in lines]
+    assert len(before) > 1 and before[0] >= first.chunks[-1].end_lsn - created > max(before[1:])
 
     # A role that may not write them (EXECUTE on pg_log_standby_snapshot is for superusers
     # unless granted) captures all the same, without a warning.

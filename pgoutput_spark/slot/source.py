@@ -218,7 +218,7 @@ class SlotSource:
     def can_log_running_xacts(self) -> bool:
         """Whether this session may write a running-transactions record: PostgreSQL 16 or later, a
         primary, and EXECUTE on ``pg_log_standby_snapshot()`` (superusers, or granted)."""
-        if int(self._scalar("SHOW server_version_num")) < 160000:
+        if self.conn.info.server_version < 160000:
             return False
         return bool(self._scalar("SELECT NOT pg_is_in_recovery()"
                                  " AND has_function_privilege('pg_log_standby_snapshot()', 'EXECUTE')"))

@@ -127,8 +127,9 @@ def _assert_each_transaction_once(table: pa.Table) -> None:
     assert ended and max(ended.values()) == 1, ended
 
 
-def _confirmed(pg: PgCluster, db: str, slot: str) -> int:
-    rows = pg.query("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
+def _slot_lsn(pg: PgCluster, db: str, slot: str, column: str = "confirmed_flush_lsn") -> int:
+    """The slot's position (or `column`, another LSN of pg_replication_slots) as an int."""
+    rows = pg.query(f"SELECT ({column} - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
                     " WHERE slot_name = %s", (slot,), dbname=db)
     return int(rows[0][0])
 
@@ -175,7 +176,7 @@ def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
     ends = _chunk_ends(landing)
     assert len(ends) > 10
     assert all(kind == b"C" for kind, _ in ends)  # every chunk ends with a Commit
-    assert _confirmed(pg15, db, f"{db}_landed") == ends[-1][1]
+    assert _slot_lsn(pg15, db, f"{db}_landed") == ends[-1][1]
     again = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db))
     assert again.messages == 0 and again.caught_up
 
@@ -228,7 +229,7 @@ def test_killed_between_landing_a_chunk_and_advancing_the_slot(
                           pg.conninfo(db), PUB, repr(options)], capture_output=True, text=True)
     assert run.returncode == -signal.SIGKILL, run.stderr
     ends = _chunk_ends(killed)
-    assert len(ends) == 2 and _confirmed(pg, db, f"{db}_landed") == ends[0][1]
+    assert len(ends) == 2 and _slot_lsn(pg, db, f"{db}_landed") == ends[0][1]
 
     resumed = capture_slot(str(killed), slot=f"{db}_landed", dsn=pg.conninfo(db), chunk_size=40)
     assert resumed.recovered and resumed.resumed_at == Lsn(ends[1][1]) and resumed.caught_up
@@ -358,12 +359,6 @@ def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_p
         capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), proto_version=2)
 
 
-def _restart(pg: PgCluster, db: str, slot: str) -> int:
-    rows = pg.query("SELECT (restart_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots"
-                    " WHERE slot_name = %s", (slot,), dbname=db)
-    return int(rows[0][0])
-
-
 def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
         pg16: PgCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """PostgreSQL moves a slot's restart_lsn, where every chunk's decoding starts, only at
@@ -371,7 +366,7 @@ def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
     the capture has one written after each chunk (when the role may)."""
     db = _setup(pg16, slots=("s",))
     slot = f"{db}_s"
-    created = _restart(pg16, db, slot)
+    created = _slot_lsn(pg16, db, slot, "restart_lsn")
     _plain_workload(pg16, db, 0)
     first = capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), publications=[PUB],
                          chunk_size=20)
@@ -381,7 +376,7 @@ def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
     capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), chunk_size=20, progress=lines.append)
     # The records written after the first capture's chunks lie past its last chunk: the second
     # capture passed them, and the slot's restart point followed.
-    assert _restart(pg16, db, slot) >= first.chunks[-1].end_lsn > created
+    assert _slot_lsn(pg16, db, slot, "restart_lsn") >= first.chunks[-1].end_lsn > created
     # The progress line says how much WAL each chunk decoded before its own: after the second
     # capture's first chunk, only what came after the first capture's end.
     assert len(lines) > 1 and all(line.decoded_before is not None for line in lines)

@@ -18,6 +18,7 @@ from pgoutput_spark.mirroring import delta as mirror_delta
 from pgoutput_spark.mirroring.delta import SchemaChangeError
 
 from ..decoder import builders as b
+from .deltalog import commits
 
 INT4, INT8, TEXT = 23, 20, 25
 INT4_ARRAY, INT8_ARRAY = 1007, 1016
@@ -64,10 +65,6 @@ def _mirror(spark, root, schema, table):
         mirror_delta.mirror_path(root, schema, table)).collect())
 
 
-def _commits(spark, path):
-    return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
-
-
 EXPECTED_ONE = [(2, "upsert"), (10, "x" * 3000)]
 EXPECTED_TWO = [("dup", 1), ("dup", 2)]
 
@@ -110,9 +107,9 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
 
     paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
-    before = [_commits(spark, p) for p in paths]
+    before = [commits(p) for p in paths]
     assert run_apply(spark, capture, root).skipped
-    assert [_commits(spark, p) for p in paths] == before
+    assert [commits(p) for p in paths] == before
 
     st = status(spark, root)
     assert (st.read_point, st.running, st.position, len(st.runs)) == (4000, False, r2.hi, 2)
@@ -146,13 +143,13 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
 
     spark.sql(f"DELETE FROM delta.`{paths[0]}` WHERE id = 2")
     spark.sql(f"UPDATE delta.`{paths[0]}` SET big = 'wrong'")
-    untouched = _commits(spark, paths[1])
+    untouched = commits(paths[1])
     with pytest.raises(ConfigError, match=r"rebuild: no table public\.nope in the capture's relations"):
         run_apply(spark, capture, root, rebuild=["public.nope"])
     rebuilt = run_apply(spark, capture, root, rebuild=["public.one"])  # nothing new: it only rebuilds
     assert [(t.table, t.status, t.inserted) for t in rebuilt.tables] == [("public.one", "rebuilt", 2)]
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
-    assert _commits(spark, paths[1]) == untouched
+    assert commits(paths[1]) == untouched
     assert len(status(spark, root).runs) == 3
     # The pipeline goes on where it stood; a rebuild can come with a new slice.
     later = _frame(spark, first + _second_slice() + _txn(704, 5000, b.insert(1, _t(3, "three")),
@@ -296,12 +293,12 @@ def test_a_type_change_delta_cannot_follow_fails_before_anything_is_written(spar
     layout = "{root}/mirrors/{schema}.{table}"  # another layout, through `apply.table_path`
     run_apply(spark, _frame(spark, first), root, table_path=layout)
     path = f"{root}/mirrors/public.w"
-    before = _commits(spark, path)
+    before = commits(path)
     v2 = b.relation(4, "public", "w", "d", [(1, "id", INT4, -1), (0, "a", TEXT, -1)])
     with pytest.raises(SchemaChangeError, match=r"public\.w: column 'a' changed type from int to string"):
         run_apply(spark, _frame(spark, first + _txn(901, 2000, v2, b.insert(4, _t(2, "x")))), root,
                   table_path=layout)
-    assert _commits(spark, path) == before
+    assert commits(path) == before
     assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [(1, 10)]
 
 
@@ -548,11 +545,11 @@ def test_backfill_slices_rerun_late_and_out_of_order(spark, tmp_path):
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
     paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
-    before = [_commits(spark, p) for p in paths]
+    before = [commits(p) for p in paths]
     for again in ("part = 'day1'", "part = 'day2'"):
         skipped = run_apply(spark, capture, root, slice_where=again)
         assert skipped.skipped and "the target holds every change up to seq" in skipped.render()
-    assert [_commits(spark, p) for p in paths] == before
+    assert [commits(p) for p in paths] == before
     with pytest.raises(ConfigError, match=r"no capture row matches the slice \"part = 'day3'\""):
         run_apply(spark, capture, root, slice_where="part = 'day3'")
 

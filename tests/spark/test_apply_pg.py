@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
 from .apply_workload import PUBLICATIONS, Driver, Dropped, TableSnap, Workload, drive, setup
+from .deltalog import commits
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -183,6 +185,8 @@ class Mirrors:
     def assert_equal(self, expected: Tables, what: str) -> None:
         known = {mirror_path(self.target, s, n): (s, n) for s, n in self.workload.tables()}
         present = self.paths()
+        with ThreadPoolExecutor(4) as pool:  # the mirrors' Spark reads at once, as the apply merges them
+            list(pool.map(self.read, sorted(present & known.keys())))
         problems = [f"a mirror no published table maps to: {p}" for p in sorted(present - known.keys())]
         for path, table in sorted(known.items(), key=lambda kv: kv[1]):
             snap = expected.get(table)
@@ -248,10 +252,6 @@ def _saved_open_rows(spark: Any, target: str) -> set[int]:
     return {r[0] for r in spark.read.format("delta").load(str(path)).select("_run_hi").distinct().collect()}
 
 
-def _history(spark: Any, path: str) -> int:
-    return spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}`").count()
-
-
 def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,
                        cuts: list[int], run_after: set[int],
                        **options: Any) -> tuple[Mirrors, list[ApplyResult]]:
@@ -283,10 +283,10 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
 
     # Nothing new: no Delta commit anywhere.
     paths = sorted(mirrors.paths()) + [f"{target}/_runs"]
-    before = {p: _history(spark, p) for p in paths}
+    before = {p: commits(p) for p in paths}
     again = run_apply(spark, read_capture(spark, str(landing)), target, **options)
     assert again.skipped and again.lo == messages[-1].seq
-    assert {p: _history(spark, p) for p in paths} == before
+    assert {p: commits(p) for p in paths} == before
     return mirrors, results
 
 

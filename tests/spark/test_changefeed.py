@@ -11,6 +11,7 @@ from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
 from ..decoder.tuple_oracle import Truncate
+from .deltalog import commits
 
 TABLES = ("a", "b", "c")
 INTS = {"id", "a_id", "n", "extra"}
@@ -53,10 +54,6 @@ def _ours(spark, target, table, expected):
     return frame.schema, out
 
 
-def _versions(spark, path):
-    return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
-
-
 def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path):
     messages, oracle = captured
     landing = tmp_path / "landing"
@@ -84,10 +81,10 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     assert schema["extra"].dataType == T.LongType()  # added mid-stream
     assert schema["_commit_ts"].dataType == T.TimestampType()
 
-    before = {t: _versions(spark, f"{target}/_changes/public/{t}") for t in TABLES}
+    before = {t: commits(f"{target}/_changes/public/{t}") for t in TABLES}
     again = run_changes(spark, read_capture(spark, str(landing)), target)
     assert again.skipped
-    assert {t: _versions(spark, f"{target}/_changes/public/{t}") for t in TABLES} == before
+    assert {t: commits(f"{target}/_changes/public/{t}") for t in TABLES} == before
 
 
 def _replay(rows, key):
@@ -256,7 +253,7 @@ def test_type_changes_widen_keep_the_wider_type_or_fail_before_anything_is_writt
         ("insert", 4, 12, "w", 8)]
     assert [r["_old"] and r["_old"]["id"] for r in rows] == [None, None, None, 2, None, 3, None]
     # a becomes text: no Delta table can follow; nothing of the run is written, the next run fails alike.
-    versions = _versions(spark, path)
+    versions = commits(path)
     v4 = b.relation(6, "public", "_w/x", "d", [columns[0], (0, "a", TEXT, -1), columns[2], (0, "d;e", INT4, -1)])
     capture += _txn(903, 4000, v4, b.insert(6, _t(5, "five", "v", 9)))
     for _ in range(2):
@@ -264,7 +261,7 @@ def test_type_changes_widen_keep_the_wider_type_or_fail_before_anything_is_writt
                                                     r"string, which the Delta table at .* cannot widen to; "
                                                     r"nothing was written\. Move the change table away"):
             run_changes(spark, _frame(spark, capture), target)
-        assert _versions(spark, path) == versions
+        assert commits(path) == versions
 
 
 def test_an_arrays_elements_widen_in_the_change_table_and_its_old_field(spark, tmp_path):

@@ -27,6 +27,7 @@ from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
 from .apply_workload import PUBLICATIONS, Driver, Workload, drive, setup
+from .deltalog import commits
 from .test_apply_pg import Mirrors
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
@@ -99,11 +100,11 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
         mirror(spark, target, "public.pgbench_accounts", as_of_lsn=point - 2)
     # A mirror that started from the snapshot cannot be rebuilt from the capture (its rows from
     # before the slot are not in it): refused before anything is written.
-    versions = spark.sql(f"DESCRIBE HISTORY delta.`{target}/public/pgbench_accounts`").count()
+    versions = commits(f"{target}/public/pgbench_accounts")
     with pytest.raises(ConfigError, match=r"rebuild: public\.pgbench_accounts cannot be rebuilt from the "
                                           r"capture: it started from a snapshot"):
         run_apply(spark, read_capture(spark, landing), target, rebuild=["public.pgbench_accounts"])
-    assert spark.sql(f"DESCRIBE HISTORY delta.`{target}/public/pgbench_accounts`").count() == versions
+    assert commits(f"{target}/public/pgbench_accounts") == versions
     pg15.drop_slot(slot, dbname=db)
 
 

@@ -1,0 +1,12 @@
+"""A Delta table's commits counted from its log, without a Spark job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def commits(path: str | Path) -> int:
+    """The number of commits of the Delta table at ``path``: its ``_delta_log/<version>.json``
+    files. The tests never clean a log up, so this is ``DESCRIBE HISTORY``'s row count, read
+    in microseconds instead of a Spark job per table."""
+    return sum(1 for f in Path(path, "_delta_log").glob("*.json") if f.stem.isdigit())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 def commits(path: str | Path) -> int:
     """The number of commits of the Delta table at ``path``: its ``_delta_log/<version>.json``
-    files. The tests never clean a log up, so this is ``DESCRIBE HISTORY``'s row count, read
-    in microseconds instead of a Spark job per table."""
+    files. The tests never clean a log up and use no coordinated commits (whose commits wait
+    in ``_delta_log/_staged_commits`` first), so this is ``DESCRIBE HISTORY``'s row count,
+    read without a Spark job per table."""
     return sum(1 for f in Path(path, "_delta_log").glob("*.json") if f.stem.isdigit())

@@ -170,7 +170,7 @@ class Mirrors:
         return found
 
     def read(self, path: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        version = max(int(f.stem) for f in Path(path, "_delta_log").glob("*.json"))
+        version = commits(path)  # read again after each new commit
         cached = self._cache.get(path)
         if cached is None or cached[0] != version:
             table = self.spark.read.format("delta").load(path).toArrow()

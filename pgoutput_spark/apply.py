@@ -78,7 +78,7 @@ from .mirroring.delta import (
     sql_literal,
     table_spec,
 )
-from .spark.assemble import ScanState, assemble, drop_saved_open_rows
+from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
@@ -262,10 +262,7 @@ class Ledger:
         return history
 
     def pending(self, hi: int | None) -> DataFrame | None:
-        if hi is None or not _is_delta(self.spark, self.pending_path):
-            return None
-        return self.spark.read.format("delta").load(self.pending_path).where(
-            F.col("_run_hi") == hi).drop("_run_hi")
+        return saved_open_rows(self.spark, self.pending_path, hi)
 
 
 def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
@@ -539,7 +536,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
                 results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)
         with _step("save open transactions"):
-            n_open = assembled.open_rows.count()
+            # Most runs end with nothing open, which the driver knows: no job for them.
+            n_open = assembled.open_rows.count() if assembled.may_leave_open else 0
             if n_open:  # the next run reads them back by this run's hi
                 open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
                 txn_append(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)

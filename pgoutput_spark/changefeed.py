@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns
 from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
-from .spark.assemble import ScanState, assemble, drop_saved_open_rows
+from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 
@@ -93,10 +93,7 @@ class _State:
         return history
 
     def pending(self, hi: int | None) -> DataFrame | None:
-        if hi is None or not _exists(self.spark, self.pending_path):
-            return None
-        return self.spark.read.format("delta").load(self.pending_path).where(
-            F.col("_run_hi") == hi).drop("_run_hi")
+        return saved_open_rows(self.spark, self.pending_path, hi)
 
 
 def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
@@ -182,10 +179,11 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                 f"{per_relation[relation_id]} changes")
         messages = assembled.messages
         txn_append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
-        open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-        txn_append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
+        n_open = assembled.open_rows.count() if assembled.may_leave_open else 0
+        if n_open:  # the next run reads them back by this run's hi
+            open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
+            txn_append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
         drop_saved_open_rows(spark, state.pending_path, lo)
-        n_open = assembled.open_rows.count()
     finally:
         committed.unpersist()
         assembled.release()

@@ -102,6 +102,15 @@ class Ledger:
 
     txns: list[Txn] = field(default_factory=list)
     discards: list[Discard] = field(default_factory=list)
+    #: Seqs of Stream Aborts for a transaction not being streamed (ignored, as the apply worker
+    #: does); the assembly finds no transaction for such a row and keeps it as open.
+    unmatched_aborts: list[int] = field(default_factory=list)
+
+    @property
+    def leaves_open(self) -> bool:
+        """Whether a streamed or prepared transaction is still open, or an unmatched abort seen."""
+        return bool(self.unmatched_aborts) or any(
+            t.outcome in (Outcome.OPEN, Outcome.PREPARED) for t in self.txns)
 
 
 def resolve(controls: Iterable[Control],
@@ -141,8 +150,9 @@ def resolve(controls: Iterable[Control],
         elif c.kind is MessageType.STREAM_ABORT:
             assert c.xid is not None and c.subxid is not None
             index = streaming.get(c.xid)
-            if index is None:
-                continue  # abort of a transaction never seen: nothing to do
+            if index is None:  # abort of a transaction never seen: nothing to do
+                ledger.unmatched_aborts.append(c.seq)
+                continue
             txn = ledger.txns[index]
             if c.subxid == c.xid:
                 decide(index, outcome=Outcome.DISCARDED, decided_seq=c.seq)

@@ -121,6 +121,12 @@ class Assembled:
     end_state: ScanState
     scanned: DataFrame  # persisted (unless `decode` added the positions): call `release` when done
 
+    @property
+    def may_leave_open(self) -> bool:
+        """False when ``open_rows`` is certainly empty, known on the driver without a job: no
+        block open at the end, no streamed or prepared transaction open, no unmatched abort."""
+        return self.end_state.last_begin_seq is not None or self.ledger.leaves_open
+
     def release(self) -> None:
         self.scanned.unpersist()
 
@@ -469,6 +475,24 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     return Assembled(committed, open_rows, messages_out, ledger, end, scanned)
 
 
+def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:
+    """The open-transaction rows saved at ``path``; None when there is no table or it holds no
+    file (runs that leave nothing open make it so): then nothing needs reading or deleting."""
+    from ..capture import _is_delta
+
+    if not _is_delta(spark, path):
+        return None
+    table = spark.read.format("delta").load(path)
+    return table if table.inputFiles() else None
+
+
+def saved_open_rows(spark: SparkSession, path: str, run_hi: int | None) -> DataFrame | None:
+    """The open-transaction rows saved at ``path`` by the run that ended at seq ``run_hi``
+    (the ``pending`` of the next run's `assemble`), or None when there can be none."""
+    table = None if run_hi is None else _saved_rows(spark, path)
+    return None if table is None else table.where(F.col("_run_hi") == run_hi).drop("_run_hi")
+
+
 def drop_saved_open_rows(spark: SparkSession, path: str, before: int | None) -> None:
     """Delete the open-transaction rows saved at ``path`` by runs that ended before seq ``before``.
 
@@ -479,10 +503,9 @@ def drop_saved_open_rows(spark: SparkSession, path: str, before: int | None) -> 
     stay in the table once per run. Call it with the run's ``lo``: the rows it
     reads stay until the next run has saved its own.
     """
-    from ..capture import _is_delta
     from ..mirroring.delta import path_table
 
-    if before is None or not _is_delta(spark, path):
+    if before is None or _saved_rows(spark, path) is None:
         return
     # A DELETE whose files all skip by their _run_hi statistics commits nothing.
     spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(before)}")

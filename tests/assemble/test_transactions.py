@@ -29,6 +29,19 @@ def test_top_level_abort_discards_the_transaction_and_unknown_aborts_are_ignored
     ledger = resolve([Control(1, M.STREAM_ABORT, xid=7, subxid=7), start(2, 10),
                       Control(5, M.STREAM_ABORT, xid=10, subxid=10)], {})
     assert [(t.xid, t.outcome) for t in ledger.txns] == [(10, Outcome.DISCARDED)]
+    # The ignored abort's row has no transaction to go with: the assembly keeps it as open.
+    assert ledger.unmatched_aborts == [1] and ledger.leaves_open
+
+
+def test_leaves_open_while_a_streamed_or_prepared_transaction_waits_for_its_end():
+    assert not resolve([], {}).leaves_open
+    assert resolve([start(1, 10)], {}).leaves_open
+    assert not resolve([start(1, 10), Control(5, M.STREAM_COMMIT, xid=10, commit_lsn=9)], {}).leaves_open
+    assert not resolve([start(1, 10), Control(5, M.STREAM_ABORT, xid=10, subxid=10)], {}).leaves_open
+    prepared = [Control(3, M.PREPARE, xid=5, gid="a", block_seq=1)]
+    assert resolve(prepared, {}).leaves_open
+    assert not resolve([*prepared, Control(9, M.COMMIT_PREPARED, xid=5, gid="a", commit_lsn=7)],
+                       {}).leaves_open
 
 
 def test_prepared_then_committed_or_rolled_back():

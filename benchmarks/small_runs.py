@@ -1,0 +1,148 @@
+"""A run's fixed cost: a capture applied in small slices, step by step.
+
+    .venv/bin/python benchmarks/small_runs.py [--capture PATH] [--runs 10] [--messages 2000] [--json PATH]
+
+The capture is `benchmarks/apply.py`'s (pgbench TPC-B and a wide table,
+protocol 1; that script builds it in ``benchmarks/data``). A first run applies
+it up to its first Commit (the pgbench load); then RUNS runs apply about
+MESSAGES messages each, every slice ending at a Commit where no streamed or
+prepared transaction is open, as the slices of a capture that keeps up with
+its source usually end. One Spark session. Prints, with the machine it ran
+on, the seconds of each run and, over the small runs, the mean of each step
+the job logs (`pgoutput_spark.apply`'s step lines): a run of a few thousand
+messages costs mostly Spark's and Delta's fixed overhead, and this says where
+it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import struct
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.machine import Machine, finish, format_load, load_average  # noqa: E402
+
+CAPTURE = Path(__file__).resolve().parent / "data" / "apply-e2e-1000000" / "capture"
+#: First bytes of the messages `quiet_ends` reads.
+CONTROLS = ("C", "S", "A", "c", "p", "P", "K", "r")
+
+
+def quiet_ends(types_and_data: list[tuple[int, bytes]]) -> list[int]:
+    """Seqs of the Commits after which no streamed or prepared transaction is open."""
+    streams: set[int] = set()
+    prepared = 0
+    out = []
+    for seq, data in types_and_data:
+        kind = data[:1]
+        if kind == b"S":
+            streams.add(struct.unpack_from(">I", data, 1)[0])
+        elif kind == b"c":  # Stream Commit: xid first
+            streams.discard(struct.unpack_from(">I", data, 1)[0])
+        elif kind == b"p":  # Stream Prepare: flags, three int64, then the xid
+            streams.discard(struct.unpack_from(">I", data, 26)[0])
+        elif kind == b"A":
+            xid, subxid = struct.unpack_from(">II", data, 1)
+            if xid == subxid:
+                streams.discard(xid)
+        if kind in (b"P", b"p"):
+            prepared += 1
+        elif kind in (b"K", b"r"):
+            prepared = max(0, prepared - 1)
+        if kind == b"C" and not streams and not prepared:
+            out.append(seq)
+    return out
+
+
+class _Steps(logging.Handler):
+    """Collects the job's step lines: "<step>: <seconds> s"."""
+
+    LINE = re.compile(r"^(?P<step>.+): (?P<seconds>[0-9.]+) s$")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.steps: dict[str, float] = defaultdict(float)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self.LINE.match(record.getMessage())
+        if match:
+            step = match["step"].split(": ")[-1] if ": " in match["step"] else match["step"]
+            step = re.sub(r"\d+", "N", step)  # "write 4 tables" and "write 2 tables" alike
+            self.steps[step] += float(match["seconds"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capture", type=Path, default=CAPTURE, help="an unframed capture (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=10, help="small runs after the first")
+    parser.add_argument("--messages", type=int, default=2000, help="messages per small run, about")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not args.capture.exists():
+        raise SystemExit(f"no capture at {args.capture}: `benchmarks/apply.py --skip-merge` builds it")
+
+    from pyspark.sql import functions as F
+
+    from pgoutput_spark.apply import run_apply
+    from pgoutput_spark.capture import read_capture
+    from pgoutput_spark.spark.session import build_spark_session
+
+    machine = Machine.current()
+    print(f"machine: {machine.line()}; load {format_load(load_average())}")
+    spark = build_spark_session(master="local[2]")
+    capture = read_capture(spark, str(args.capture))
+    controls = (capture.where(F.substring("data", 1, 1).cast("string").isin(*CONTROLS))
+                .select("seq", F.substring("data", 1, 32).alias("head")).orderBy("seq").collect())
+    ends = quiet_ends([(r["seq"], bytes(r["head"])) for r in controls])
+    cuts = [ends[0]]
+    for end in ends:
+        if len(cuts) > args.runs:
+            break
+        if end >= cuts[-1] + args.messages:
+            cuts.append(end)
+    if len(cuts) <= args.runs:
+        raise SystemExit(f"{args.capture}: too short for {args.runs} runs of {args.messages} messages")
+    logger = logging.getLogger("pgoutput_spark.apply")
+    logger.setLevel(logging.INFO)
+    results: dict[str, Any] = {"machine": machine.as_dict(), "capture": str(args.capture), "cuts": cuts}
+    warm_steps: dict[str, list[float]] = defaultdict(list)
+    seconds: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-runs-") as tmp:
+        for k, cut in enumerate(cuts):
+            handler = _Steps()
+            logger.addHandler(handler)
+            started = time.perf_counter()
+            result = run_apply(spark, capture, tmp, until_seq=cut)
+            seconds.append(time.perf_counter() - started)
+            logger.removeHandler(handler)
+            assert result.open_rows == 0 and not result.skipped, (cut, result)
+            print(f"run {k}: {result.messages} messages, {len(result.tables)} tables, {seconds[-1]:.2f} s",
+                  flush=True)
+            if k:
+                for step, value in handler.steps.items():
+                    warm_steps[step].append(value)
+    results["run_seconds"] = seconds
+    warm = seconds[1:]
+    print(f"small runs: {len(warm)}, mean {sum(warm) / len(warm):.2f} s, min {min(warm):.2f} s, "
+          f"max {max(warm):.2f} s")
+    print("mean seconds per small run, by step (steps of several tables summed; those a run skips count 0):")
+    means = {step: sum(v) / len(warm) for step, v in warm_steps.items()}
+    for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):
+        print(f"  {mean:6.2f}  {step}")
+    results["small_run_mean_seconds"] = sum(warm) / len(warm)
+    results["small_run_step_means"] = means
+    print(f"load {format_load(load_average())}")
+    spark.stop()
+    return finish(results, argv, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

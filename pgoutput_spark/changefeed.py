@@ -21,6 +21,7 @@ and read back by the next run only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,15 +49,20 @@ class ChangesResult:
     open_rows: int = 0
     quarantined: int = 0
     skipped: bool = False
+    redone: bool = False  # this run redid an interrupted run's slice
+    remaining: bool = False  # ``max_messages`` ended the run before the capture's end
 
     def render(self) -> str:
         if self.skipped:
             return f"nothing new after seq {self.lo}: no Delta commit"
         start = "the start" if self.lo is None else f"seq {self.lo}"
-        lines = [f"capture slice: after {start} up to seq {self.hi}", f"messages: {self.messages}",
+        lines = [f"capture slice: after {start} up to seq {self.hi}"
+                 + (" (redoing an interrupted run)" if self.redone else ""), f"messages: {self.messages}",
                  f"quarantined messages: {self.quarantined}",
                  f"rows of open transactions carried over: {self.open_rows}", "changes per table:"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.changes.items())]
+        if self.remaining:
+            lines.append(f"more of the capture remains after seq {self.hi}: run again")
         return "\n".join(lines)
 
 
@@ -99,11 +105,17 @@ class _State:
 def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 columns: CaptureColumns | None = None, pipeline: str = "default",
                 on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
+                max_messages: int | None = None,
                 progress: Callable[[str], None] | None = None) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
+    ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
+    run takes the messages whose seq is below the next message's seq plus
+    ``max_messages`` and says (``remaining``) when more remain.
     ``progress`` hears one line for the slice and one per change table written.
     """
+    if max_messages is not None and max_messages < 1:
+        raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
     runs = state.runs_rows()
@@ -112,13 +124,20 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     scan_in = ScanState(last["begin_seq"], last["stream_xid"]) if last else ScanState()
     lo = last["hi"] if last else None
     started = [r for r in runs if r["status"] == "started" and (lo is None or r["hi"] > lo)]
+    remaining = False
     if started:  # an interrupted run: redo exactly its slice
         hi = started[-1]["hi"]
     else:
         newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
+        if max_messages is not None:
+            first = newer.agg(F.min("seq")).first()[0]
+            if first is not None:
+                newer = newer.where(F.col("seq") <= first + max_messages - 1)
         hi = newer.agg(F.max("seq")).first()[0]
         if hi is None:
             return ChangesResult(lo, None, skipped=True)
+        if max_messages is not None:
+            remaining = canonical.where(F.col("seq") > hi).limit(1).count() > 0
         state.record("started", lo if lo is not None else -1, hi, scan_in)
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
@@ -129,7 +148,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if started else ""))
     try:
-        return _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
+        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
+        return dataclasses.replace(result, redone=bool(started), remaining=remaining)
     finally:
         decoded.unpersist()
 

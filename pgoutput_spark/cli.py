@@ -115,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--format", choices=["auto", "parquet", "delta"])
     changes.add_argument("--on-error", choices=["fail", "quarantine"])
     changes.add_argument("--quarantine", help=argparse.SUPPRESS)
+    changes.add_argument("--max-messages", type=_positive, metavar="N",
+                         help="write the changes of at most N messages after the last run's; with "
+                              "--until-caught-up, run until none remain")
+    changes.add_argument("--until-caught-up", action="store_true",
+                         help="run again after each bounded run until the capture is written")
     changes.add_argument("--master", help="Spark master (default from the configuration)")
     apply = sub.add_parser("apply", help="merge the capture's changes into Delta mirrors of the source tables")
     apply.add_argument("--config", help="configuration file (default: built-in defaults)")
@@ -268,10 +273,16 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
     from .changefeed import run_changes
 
     spark, capture, columns = _capture(config)
-    result = run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                         on_error=config.decode.on_error,  # type: ignore[arg-type]
-                         skip_origins=config.changes.skip_origins, progress=_progress(args))
-    return result
+    say = _progress(args)
+    while True:
+        result = run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
+                             on_error=config.decode.on_error,  # type: ignore[arg-type]
+                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
+                             progress=say)
+        if not (args.until_caught_up and (result.remaining or result.redone)):
+            return result
+        if say is not None:  # each run's own lines; the last one's are printed as usual
+            say(f"run up to seq {result.hi} done ({result.messages} messages); running again")
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:

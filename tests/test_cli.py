@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -230,3 +231,29 @@ def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
     with pytest.raises(SystemExit) as usage:  # argparse's usage error
         main(["apply", "--target", target, "--max-messages", "0"])
     assert usage.value.code == 2 and "must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_changes_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
+    """`changes --max-messages` cuts runs anywhere (here inside stream blocks): together they
+    write the change rows one run writes, and each run holds at most N messages."""
+    from pgoutput_spark.capture import read_capture
+    from pgoutput_spark.changefeed import run_changes
+
+    target = str(tmp_path / "bounded")
+    assert main(["changes", "--target", target, "--max-messages", "700", "--until-caught-up"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("capture slice: after seq 1399 up to seq 1808\n")
+    assert "remains" not in captured.out
+    assert [line for line in captured.err.splitlines() if "running again" in line] == [
+        "run up to seq 699 done (700 messages); running again",
+        "run up to seq 1399 done (700 messages); running again"]
+    whole = str(tmp_path / "whole")
+    one = run_changes(spark, read_capture(spark, str(SAMPLE)), whole)
+    assert not one.remaining and one.hi == 1808
+    for table in one.changes:
+        schema, name = table.split(".")
+        rows = [spark.read.format("delta").load(f"{root}/_changes/{schema}/{name}").orderBy("_commit_seq", "_seq")
+                .collect() for root in (target, whole)]
+        assert rows[0] == rows[1] and rows[0], table
+    bounded = dataclasses.replace(one, hi=699, remaining=True)
+    assert bounded.render().endswith("more of the capture remains after seq 699: run again")

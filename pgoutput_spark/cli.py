@@ -237,29 +237,38 @@ def _capture(config: Config):  # type: ignore[no-untyped-def]
     return spark, capture, columns
 
 
+def _until_caught_up(run: Callable[[], Any], again: bool, say: Callable[[str], None] | None) -> Any:
+    """One bounded run (``run``), and with ``again`` (--until-caught-up) the next ones while
+    more remains (or the run redid an interrupted slice); the last run's result."""
+    while True:
+        result = run()
+        if not (again and (result.remaining or result.redone)):
+            return result
+        if say is not None:  # each run's own lines; the last one's are printed as usual
+            say(f"run up to seq {result.hi} done ({result.messages} messages); running again")
+
+
 def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     from .apply import run_apply
 
     spark, capture, columns = _capture(config)
     say = _progress(args)
-    rebuild = args.rebuild
-    while True:
-        result = run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                           on_error=config.decode.on_error,  # type: ignore[arg-type]
-                           skip_origins=config.changes.skip_origins,
-                           parallelism=args.parallelism or config.apply.parallelism,
-                           table_path=config.apply.table_path, table_name=config.apply.table_name,
-                           tables=config.tables, history_path=config.apply.history_path,
-                           until_seq=args.until_seq,
-                           until_lsn=None if args.until_lsn is None else int(args.until_lsn),
-                           slice_where=args.slice_where, max_messages=args.max_messages,
-                           net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
-                           rebuild=rebuild)
-        if not (args.until_caught_up and (result.remaining or result.redone)):
-            return result
-        if say is not None:  # each run's own lines; the last one's are printed as usual
-            say(f"run up to seq {result.hi} done ({result.messages} messages); running again")
-        rebuild = []  # rebuilt by the first run
+    rebuild = [args.rebuild]  # rebuilt by the first run only
+
+    def once() -> Any:
+        return run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
+                         on_error=config.decode.on_error,  # type: ignore[arg-type]
+                         skip_origins=config.changes.skip_origins,
+                         parallelism=args.parallelism or config.apply.parallelism,
+                         table_path=config.apply.table_path, table_name=config.apply.table_name,
+                         tables=config.tables, history_path=config.apply.history_path,
+                         until_seq=args.until_seq,
+                         until_lsn=None if args.until_lsn is None else int(args.until_lsn),
+                         slice_where=args.slice_where, max_messages=args.max_messages,
+                         net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
+                         rebuild=rebuild.pop() if rebuild else [])
+
+    return _until_caught_up(once, args.until_caught_up, say)
 
 
 def run_status_command(config: Config, target: str) -> Any:
@@ -274,15 +283,12 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
 
     spark, capture, columns = _capture(config)
     say = _progress(args)
-    while True:
-        result = run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                             on_error=config.decode.on_error,  # type: ignore[arg-type]
-                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
-                             progress=say)
-        if not (args.until_caught_up and (result.remaining or result.redone)):
-            return result
-        if say is not None:  # each run's own lines; the last one's are printed as usual
-            say(f"run up to seq {result.hi} done ({result.messages} messages); running again")
+    return _until_caught_up(
+        lambda: run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
+                            on_error=config.decode.on_error,  # type: ignore[arg-type]
+                            skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
+                            progress=say),
+        args.until_caught_up, say)
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:

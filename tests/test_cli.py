@@ -257,3 +257,30 @@ def test_changes_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
         assert rows[0] == rows[1] and rows[0], table
     bounded = dataclasses.replace(one, hi=699, remaining=True)
     assert bounded.render().endswith("more of the capture remains after seq 699: run again")
+
+
+def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_only(monkeypatch):
+    """The CLI's loop over bounded runs (the runs themselves: the two tests above)."""
+    import types
+
+    from pgoutput_spark import apply, cli
+
+    calls = []
+
+    def fake_run_apply(spark, capture, target, **options):
+        calls.append(options["rebuild"])
+        n = len(calls)
+        return types.SimpleNamespace(hi=n * 10, messages=10, remaining=n < 3, redone=False)
+
+    monkeypatch.setattr(apply, "run_apply", fake_run_apply)
+    monkeypatch.setattr(cli, "_capture", lambda config: (None, None, None))
+    lines = []
+    monkeypatch.setattr(cli, "_progress", lambda args: lines.append)
+    args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10", "--until-caught-up",
+                                     "--rebuild", "shop.customers"])
+    last = cli.run_apply_command(load_config(None), args)
+    assert calls == [["shop.customers"], [], []] and last.hi == 30
+    assert lines == [f"run up to seq {hi} done (10 messages); running again" for hi in (10, 20)]
+    calls.clear()
+    args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10"])
+    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [[]]  # one run without it

@@ -6,8 +6,8 @@
 
 Each run takes the capture rows after the previous run's last seq (at most N
 of them with `--max-messages N`; `--until-caught-up` runs again until none
-remain); re-running with nothing new makes no Delta commit. Exits non-zero with a one-line reason
-on failure.
+remain); re-running with nothing new makes no Delta commit. Exits non-zero
+with a one-line reason on failure.
 """
 
 import sys

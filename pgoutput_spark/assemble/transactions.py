@@ -150,7 +150,7 @@ def resolve(controls: Iterable[Control],
         elif c.kind is MessageType.STREAM_ABORT:
             assert c.xid is not None and c.subxid is not None
             index = streaming.get(c.xid)
-            if index is None:  # abort of a transaction never seen: nothing to do
+            if index is None:  # abort of a transaction not being streamed: nothing to undo
                 ledger.unmatched_aborts.append(c.seq)
                 continue
             txn = ledger.txns[index]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -233,32 +232,6 @@ def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
     assert usage.value.code == 2 and "must be at least 1, not 0" in capsys.readouterr().err
 
 
-def test_changes_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
-    """`changes --max-messages` cuts runs anywhere (here inside stream blocks): together they
-    write the change rows one run writes, and each run holds at most N messages."""
-    from pgoutput_spark.capture import read_capture
-    from pgoutput_spark.changefeed import run_changes
-
-    target = str(tmp_path / "bounded")
-    assert main(["changes", "--target", target, "--max-messages", "700", "--until-caught-up"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.startswith("capture slice: after seq 1399 up to seq 1808\n")
-    assert "remains" not in captured.out
-    assert [line for line in captured.err.splitlines() if "running again" in line] == [
-        "run up to seq 699 done (700 messages); running again",
-        "run up to seq 1399 done (700 messages); running again"]
-    whole = str(tmp_path / "whole")
-    one = run_changes(spark, read_capture(spark, str(SAMPLE)), whole)
-    assert not one.remaining and one.hi == 1808
-    for table in one.changes:
-        schema, name = table.split(".")
-        rows = [spark.read.format("delta").load(f"{root}/_changes/{schema}/{name}").orderBy("_commit_seq", "_seq")
-                .collect() for root in (target, whole)]
-        assert rows[0] == rows[1] and rows[0], table
-    bounded = dataclasses.replace(one, hi=699, remaining=True)
-    assert bounded.render().endswith("more of the capture remains after seq 699: run again")
-
-
 def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_only(monkeypatch):
     """The CLI's loop over bounded runs (the runs themselves: the two tests above)."""
     import types
@@ -284,3 +257,22 @@ def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_o
     calls.clear()
     args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10"])
     assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [[]]  # one run without it
+
+
+def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
+    """The changes command's wiring of --max-messages / --until-caught-up (the bounded runs
+    themselves: tests/spark/test_changefeed.py)."""
+    import types
+
+    from pgoutput_spark import changefeed, cli
+
+    bounds = []
+
+    def fake_run_changes(spark, capture, target, **options):
+        bounds.append(options["max_messages"])
+        return types.SimpleNamespace(hi=len(bounds), messages=5, remaining=len(bounds) < 2, redone=False)
+
+    monkeypatch.setattr(changefeed, "run_changes", fake_run_changes)
+    monkeypatch.setattr(cli, "_capture", lambda config: (None, None, None))
+    args = cli._parser().parse_args(["changes", "--target", "t", "--max-messages", "5", "--until-caught-up"])
+    assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [5, 5]

@@ -87,6 +87,31 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     assert {t: commits(f"{target}/_changes/public/{t}") for t in TABLES} == before
 
 
+def test_bounded_runs_cut_anywhere_equal_test_decoding(spark, captured, tmp_path):
+    """`max_messages` cuts runs anywhere (inside stream blocks, between Prepare and Commit
+    Prepared): run after run until nothing remains, the change tables equal test_decoding's."""
+    messages, oracle = captured
+    landing, target = tmp_path / "landing", str(tmp_path / "target")
+    part = [CapturedMessage(m.seq, m.lsn, m.xid, m.data) for m in messages]
+    for path in write_capture_parquet(part, tmp_path / "chunk"):
+        landing.mkdir(exist_ok=True)
+        path.rename(landing / path.name)
+    capture = read_capture(spark, str(landing))
+    bound = len(messages) // 3 + 1
+    results = [run_changes(spark, capture, target, max_messages=bound)]
+    while results[-1].remaining:
+        results.append(run_changes(spark, capture, target, max_messages=bound))
+    assert [r.messages for r in results] == [bound, bound, len(messages) - 2 * bound]
+    assert [r.remaining for r in results] == [True, True, False]
+    assert results[0].open_rows > 0  # the first cut is inside an open transaction
+    assert results[0].render().endswith(f"more of the capture remains after seq {results[0].hi}: run again")
+    expected = _oracle_by_table(oracle)
+    for table in TABLES:
+        _, rows = _ours(spark, target, table, expected[table])
+        assert rows == expected[table], table
+    assert run_changes(spark, capture, target, max_messages=bound).skipped
+
+
 def _replay(rows, key):
     """A row-by-row reference applier: the table after applying change rows in order."""
     table: list[tuple] = []

@@ -19,6 +19,7 @@ and records the run's LSN and seq range as its commit's ``userMetadata``.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -39,6 +40,8 @@ from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
 from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
+
+_log = logging.getLogger(__name__)
 
 #: Table properties of every mirror.
 PROPERTIES = {
@@ -548,9 +551,43 @@ def _positional(schema: pa.Schema) -> pa.Schema:
 # -- merge ------------------------------------------------------------------------------------------
 
 
-def execute_merge(session: SparkSession, builder: Any, *, app_id: str, version: int,
+class MirrorConflictError(PgoutputSparkError):
+    """A commit by someone else changed a mirror's rows while a run merged into it."""
+
+
+#: Operations that rewrite a table's files without changing its rows (``dataChange`` false):
+#: a MERGE that lost to one of them is retried on the table as they left it.
+REWRITES = frozenset({"OPTIMIZE", "REORG"})
+MERGE_ATTEMPTS = 4
+
+_CONFLICTING = re.compile(r"Conflicting commit: (\{.*\})")
+_CONCURRENCY = re.compile(r"Concurrent\w*Exception|MetadataChangedException|ProtocolChangedException")
+
+
+def _conflicting_operation(exc: Exception) -> str | None:
+    """The operation of the commit a Delta concurrency error names ("OPTIMIZE", "UPDATE", ...);
+    None for another error. An unreadable one is "an unknown operation"."""
+    text = str(exc)
+    if not _CONCURRENCY.search(f"{type(exc).__name__} {text[:2000]}"):
+        return None
+    found = _CONFLICTING.search(text)
+    try:
+        return str(json.loads(found.group(1))["operation"]) if found else "an unknown operation"
+    except (ValueError, KeyError, TypeError):
+        return "an unknown operation"
+
+
+def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str, app_id: str, version: int,
                   metadata: dict[str, Any]) -> DataFrame | None:
-    """Run a MERGE builder as one idempotent commit: Delta's transaction identifier and our metadata."""
+    """Run the MERGE ``build()`` makes as one idempotent commit: Delta's transaction identifier and
+    our metadata.
+
+    A MERGE that loses to a concurrent rewrite of the table's files (`REWRITES`: a scheduled
+    ``OPTIMIZE``, auto compaction, ``REORG``) is built again and retried, up to `MERGE_ATTEMPTS`
+    attempts: the rows it read are the rows the rewrite kept. One that loses to a commit that
+    changed rows (an ``UPDATE`` behind the pipeline's back) raises `MirrorConflictError`:
+    nothing of it was written, and a re-run redoes the run's slice.
+    """
     conf = session.conf
     settings = {
         # The source is persisted by the caller and deterministic: Delta need not materialize it again.
@@ -562,7 +599,23 @@ def execute_merge(session: SparkSession, builder: Any, *, app_id: str, version: 
     for key, value in settings.items():
         conf.set(f"spark.databricks.delta.{key}", value)
     try:
-        return builder.execute()
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            try:
+                return build().execute()
+            except Exception as exc:
+                operation = _conflicting_operation(exc)
+                if operation is None:
+                    raise
+                if operation not in REWRITES or attempt == MERGE_ATTEMPTS:
+                    what = ("kept rewriting its files" if operation in REWRITES else
+                            "changed its rows (not a run of this pipeline: it holds the lease)")
+                    raise MirrorConflictError(
+                        f"{path}: a concurrent {operation} commit {what} while this run merged into "
+                        f"it ({attempt} attempt(s)); this MERGE wrote nothing. Re-run: the run redoes "
+                        f"its slice") from exc
+                _log.info("%s: a concurrent %s rewrote its files during the MERGE: retrying (%d)",
+                          path, operation, attempt)
+        raise AssertionError("unreachable")
     finally:
         for key in settings:
             conf.unset(f"spark.databricks.delta.{key}")
@@ -574,22 +627,24 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
     from delta.tables import DeltaTable
 
     values = {quote(c): f"s.{quote(c)}" for c in spec.columns}
-    target = DeltaTable.forPath(session, path).alias("t")
-    if spec.mode == "keyed":
-        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
-        builder = (target.merge(source.alias("s"), on)
-                   .whenMatchedDelete("s._action = 'delete'")
-                   .whenMatchedUpdate("s._action = 'upsert'", values)
-                   .whenNotMatchedInsert("s._action = 'upsert'", values))
-    else:
-        on = " AND ".join(["s._action = 'delete_all'",
-                           *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
-        builder = (target.merge(source.alias("s"), on)
-                   .whenMatchedDelete()
-                   .whenNotMatchedInsert("s._action = 'insert'", values))
-    if truncated:
-        builder = builder.whenNotMatchedBySourceDelete()
-    result = execute_merge(session, builder, app_id=app_id, version=version, metadata=metadata)
+
+    def build() -> Any:  # on the table as it is now (see `execute_merge`)
+        target = DeltaTable.forPath(session, path).alias("t")
+        if spec.mode == "keyed":
+            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
+            builder = (target.merge(source.alias("s"), on)
+                       .whenMatchedDelete("s._action = 'delete'")
+                       .whenMatchedUpdate("s._action = 'upsert'", values)
+                       .whenNotMatchedInsert("s._action = 'upsert'", values))
+        else:
+            on = " AND ".join(["s._action = 'delete_all'",
+                               *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
+            builder = (target.merge(source.alias("s"), on)
+                       .whenMatchedDelete()
+                       .whenNotMatchedInsert("s._action = 'insert'", values))
+        return builder.whenNotMatchedBySourceDelete() if truncated else builder
+
+    result = execute_merge(session, build, path=path, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     if row is None:
         return {"inserted": 0, "updated": 0, "deleted": 0}

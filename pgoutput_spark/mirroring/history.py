@@ -192,10 +192,11 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
     columns = [*spec.columns, *HISTORY_NAMES]
     on = " AND ".join(["s._action = 'close'", "t._is_current",
                        *[f"t.{quote(k)} = s.{quote(k)}" for k in spec.key]])
-    builder = (DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), on)
-               .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
-                                       "_is_current": "false"})
-               .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns}))
-    result = execute_merge(session, builder, app_id=app_id, version=version, metadata=metadata)
+    result = execute_merge(session, lambda: (
+        DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), on)
+        .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
+                                "_is_current": "false"})
+        .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns})),
+        path=path, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}

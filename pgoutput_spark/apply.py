@@ -172,8 +172,21 @@ class ApplyResult:
                                  if n)
                 lines.append(f"{t.table:<{width}}  {t.inserted:>9} {t.updated:>9} {t.deleted:>9} "
                              f"{t.skipped:>8}  {note}".rstrip())
+        missing = sorted(t.table for t in self.tables if t.skipped)
+        if missing:
+            lines.append(_skipped_hint(missing))
         lines.append(f"took {self.duration_s:.1f} s")
         return "\n".join(lines)
+
+
+def _skipped_hint(tables: list[str]) -> str:
+    """What the run says when updates or deletes found no mirror row (``tables``: where)."""
+    return (f"skipped: updates or deletes that found no row in the mirror of {', '.join(tables)} "
+            f"(a PostgreSQL subscriber skips them too; each is kept with its reason in "
+            f"_pgoutput/skipped under the target). A table added to the publication with rows "
+            f"already in it (ALTER PUBLICATION ... ADD TABLE) sends none of those rows, and a "
+            f"mirror changed behind the pipeline's back misses some: `verify` shows which mirrors "
+            f"differ, a re-snapshot mends them (pgoutput-spark snapshot --table {tables[0]} ...)")
 
 
 @dataclass(frozen=True)

@@ -84,24 +84,36 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     assert _states(behind)["public.bag"] == "not comparable" and "run apply first" in behind.render()
 
     # A column added with a DEFAULT: old rows have it in the source, and no message carries it.
-    pg15.execute("ALTER TABLE typed ADD COLUMN extra int DEFAULT 7; UPDATE typed SET t = 'new' WHERE id = 5",
-                 dbname=db)
+    # A table added to the publication with rows in it: no message carries those rows either,
+    # and its updates and deletes of them find no mirror row: skipped, and the run says why.
+    pg15.execute("ALTER TABLE typed ADD COLUMN extra int DEFAULT 7; UPDATE typed SET t = 'new' WHERE id = 5;"
+                 " CREATE TABLE late (id int PRIMARY KEY, v text);"
+                 " INSERT INTO late SELECT g, 'before' FROM generate_series(1, 40) g;"
+                 " ALTER PUBLICATION verify_pub ADD TABLE late;"
+                 " UPDATE late SET v = 'published' WHERE id <= 3; DELETE FROM late WHERE id = 4;"
+                 " INSERT INTO late VALUES (41, 'published')", dbname=db)
     capture_slot(landing, slot=slot, dsn=dsn)
-    run_apply(spark, read_capture(spark, landing), target)
+    joined = run_apply(spark, read_capture(spark, landing), target)
+    assert {t.table: (t.inserted, t.updated, t.deleted, t.skipped) for t in joined.tables}["public.late"] == \
+        (1, 0, 0, 4)
+    assert "skipped: updates or deletes that found no row in the mirror of public.late" in joined.render()
+    assert "pgoutput-spark snapshot --table public.late" in joined.render()
     stale = verify_mirrors(spark, target, landing, dsn=dsn)  # bag caught up: equal again
-    assert _states(stale) == {"public.typed": "differs", "public.bag": "equal"}, stale.render()
+    assert _states(stale) == {"public.typed": "differs", "public.bag": "equal", "public.late": "differs"}, \
+        stale.render()
     # The remedy, a re-snapshot of the table; changes committed before it and applied after
     # it are in the snapshot already (a duplicate in the multiset would show), later ones apply.
     pg15.execute("INSERT INTO bag VALUES ('before the re-snapshot', 3); UPDATE typed SET n = 1 WHERE id = 6",
                  dbname=db)
     resnapshot = ["snapshot", "--target", target, "--publication", "verify_pub", "--dsn", dsn,
                   "--master", "local[2]", "--table", "public.typed", "--table", "public.bag"]
-    assert main(resnapshot) == 0 and "re-snapshot as of" in capsys.readouterr().out
-    pg15.execute("INSERT INTO bag VALUES ('after the re-snapshot', 4); UPDATE typed SET n = 2 WHERE id = 7",
-                 dbname=db)
+    assert main([*resnapshot, "--table", "public.late"]) == 0 and "re-snapshot as of" in capsys.readouterr().out
+    pg15.execute("INSERT INTO bag VALUES ('after the re-snapshot', 4); UPDATE typed SET n = 2 WHERE id = 7;"
+                 " UPDATE late SET v = 'after the re-snapshot' WHERE id IN (5, 41)", dbname=db)
     capture_slot(landing, slot=slot, dsn=dsn)
-    run_apply(spark, read_capture(spark, landing), target)
-    assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+    after = run_apply(spark, read_capture(spark, landing), target)
+    assert {t.table: (t.updated, t.skipped) for t in after.tables}["public.late"] == (2, 0)
+    assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
 
     # A type change Delta cannot follow (int[] -> text) stops the apply before anything is
     # written, naming the remedy: a re-snapshot, which takes the source's columns as they are
@@ -121,7 +133,7 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     capture_slot(landing, slot=slot, dsn=dsn)
     result = run_apply(spark, read_capture(spark, landing), target)
     assert {t.table: (t.inserted, t.updated, t.deleted) for t in result.tables}["public.typed"] == (0, 1, 0)
-    assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+    assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
     columns = spark.read.format("delta").load(f"{target}/public/typed").schema
     assert columns["ia"].dataType.simpleString() == "string" and "title" in columns.names
     assert "t" not in columns.names
@@ -130,9 +142,10 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     (bag_rows,), = pg15.query("SELECT count(*) FROM bag", dbname=db)
     pg15.execute("DROP TABLE bag", dbname=db)
     orphaned = verify_mirrors(spark, target, landing, dsn=dsn)
-    assert _states(orphaned) == {"public.typed": "equal", "public.bag": "no source"}, orphaned.render()
+    assert _states(orphaned) == {"public.typed": "equal", "public.bag": "no source",
+                                  "public.late": "equal"}, orphaned.render()
     bag = next(t for t in orphaned.tables if t.table == "public.bag")
     assert bag.mirror_rows == bag_rows and "dropped, renamed or left the publication" in bag.reason
-    assert main(command) == 0 and "1 equal, 0 differs, 0 not comparable, 1 without a source" in \
+    assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable, 1 without a source" in \
         capsys.readouterr().out
     pg15.drop_slot(slot, dbname=db)

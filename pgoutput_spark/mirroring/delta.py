@@ -552,7 +552,7 @@ def _positional(schema: pa.Schema) -> pa.Schema:
 
 
 class MirrorConflictError(PgoutputSparkError):
-    """A commit by someone else changed a mirror's rows while a run merged into it."""
+    """A commit by another writer changed a mirror's rows or schema while a run merged into it."""
 
 
 #: Operations that rewrite a table's files without changing its rows (``dataChange`` false):
@@ -585,7 +585,7 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
     A MERGE that loses to a concurrent rewrite of the table's files (`REWRITES`: a scheduled
     ``OPTIMIZE``, auto compaction, ``REORG``) is built again and retried, up to `MERGE_ATTEMPTS`
     attempts: the rows it read are the rows the rewrite kept. One that loses to a commit that
-    changed rows (an ``UPDATE`` behind the pipeline's back) raises `MirrorConflictError`:
+    changed rows or the schema (an ``UPDATE`` behind the pipeline's back) raises `MirrorConflictError`:
     nothing of it was written, and a re-run redoes the run's slice.
     """
     conf = session.conf
@@ -608,7 +608,8 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
                     raise
                 if operation not in REWRITES or attempt == MERGE_ATTEMPTS:
                     what = ("kept rewriting its files" if operation in REWRITES else
-                            "changed its rows (not a run of this pipeline: it holds the lease)")
+                            "changed its rows or schema (a writer other than this pipeline, whose "
+                            "runs take turns by its lease)")
                     raise MirrorConflictError(
                         f"{path}: a concurrent {operation} commit {what} while this run merged into "
                         f"it ({attempt} attempt(s)); this MERGE wrote nothing. Re-run: the run redoes "

@@ -98,7 +98,7 @@ def test_a_merge_that_loses_to_a_concurrent_change_of_rows_fails_clearly(spark: 
     gate.mkdir()
     _mirror(spark, path)
     other = _while_merging(spark, gate, f"UPDATE delta.`{path}` SET v = 'behind its back' WHERE id = 5")
-    with pytest.raises(MirrorConflictError, match=r"mirror: a concurrent UPDATE commit changed its rows .* "
+    with pytest.raises(MirrorConflictError, match=r"mirror: a concurrent UPDATE commit changed its rows or schema .* "
                                                   r"this MERGE wrote nothing. Re-run"):
         merge(spark, path, _gated_source(spark, gate), SPEC, truncated=False, app_id="p:relation:1",
               version=10, metadata={"to_lsn": 10})

@@ -108,17 +108,24 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
         stale.render()
     # The remedy, a re-snapshot of the table; changes committed before it and applied after
     # it are in the snapshot already (a duplicate in the multiset would show), later ones apply.
-    pg15.execute("INSERT INTO bag VALUES ('before the re-snapshot', 3); UPDATE typed SET n = 1 WHERE id = 6",
+    # A table added with rows is re-snapshotted too, before any run saw its changes.
+    pg15.execute("INSERT INTO bag VALUES ('before the re-snapshot', 3); UPDATE typed SET n = 1 WHERE id = 6;"
+                 " CREATE TABLE later (id int PRIMARY KEY, v text);"
+                 " INSERT INTO later SELECT g, 'before' FROM generate_series(1, 10) g;"
+                 " ALTER PUBLICATION verify_pub ADD TABLE later; UPDATE later SET v = 'published' WHERE id = 1",
                  dbname=db)
     resnapshot = ["snapshot", "--target", target, "--publication", "verify_pub", "--dsn", dsn,
                   "--master", "local[2]", "--table", "public.typed", "--table", "public.bag"]
-    assert main([*resnapshot, "--table", "public.late"]) == 0 and "re-snapshot as of" in capsys.readouterr().out
+    assert main([*resnapshot, "--table", "public.late", "--table", "public.later"]) == 0
+    assert "re-snapshot as of" in capsys.readouterr().out
     pg15.execute("INSERT INTO bag VALUES ('after the re-snapshot', 4); UPDATE typed SET n = 2 WHERE id = 7;"
-                 " UPDATE late SET v = 'after the re-snapshot' WHERE id IN (5, 41)", dbname=db)
+                 " UPDATE late SET v = 'after the re-snapshot' WHERE id IN (5, 41);"
+                 " UPDATE later SET v = 'after the re-snapshot' WHERE id = 2", dbname=db)
     capture_slot(landing, slot=slot, dsn=dsn)
     after = run_apply(spark, read_capture(spark, landing), target)
-    assert {t.table: (t.updated, t.skipped) for t in after.tables}["public.late"] == (2, 0)
-    assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+    counts = {t.table: (t.updated, t.skipped) for t in after.tables}
+    assert counts["public.late"] == (2, 0) and counts["public.later"] == (1, 0)  # the one before: in the snapshot
+    assert main(command) == 0 and "4 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
 
     # A type change Delta cannot follow (int[] -> text) stops the apply before anything is
     # written, naming the remedy: a re-snapshot, which takes the source's columns as they are
@@ -138,7 +145,7 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     capture_slot(landing, slot=slot, dsn=dsn)
     result = run_apply(spark, read_capture(spark, landing), target)
     assert {t.table: (t.inserted, t.updated, t.deleted) for t in result.tables}["public.typed"] == (0, 1, 0)
-    assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
+    assert main(command) == 0 and "4 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
     columns = spark.read.format("delta").load(f"{target}/public/typed").schema
     assert columns["ia"].dataType.simpleString() == "string" and "title" in columns.names
     assert "t" not in columns.names
@@ -148,9 +155,9 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     pg15.execute("DROP TABLE bag", dbname=db)
     orphaned = verify_mirrors(spark, target, landing, dsn=dsn)
     assert _states(orphaned) == {"public.typed": "equal", "public.bag": "no source",
-                                  "public.late": "equal"}, orphaned.render()
+                                  "public.late": "equal", "public.later": "equal"}, orphaned.render()
     bag = next(t for t in orphaned.tables if t.table == "public.bag")
     assert bag.mirror_rows == bag_rows and "dropped, renamed or left the publication" in bag.reason
-    assert main(command) == 0 and "2 equal, 0 differs, 0 not comparable, 1 without a source" in \
+    assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable, 1 without a source" in \
         capsys.readouterr().out
     pg15.drop_slot(slot, dbname=db)

@@ -62,6 +62,7 @@ from .mirroring.delta import (
     apply_schema,
     catalog_name,
     catalog_registered,
+    conflicting_operation,
     converted_net_frame,
     merge,
     mirror_path,
@@ -249,7 +250,7 @@ class Ledger:
                 f"UPDATE {path_table(self.lease_path)} SET {sets} "
                 f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
         except Exception as exc:
-            if "Concurrent" in type(exc).__name__ or "Concurrent" in str(exc)[:400]:
+            if conflicting_operation(exc) is not None:
                 raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
                                          f"run tried to {what}; nothing of this run was lost, "
                                          f"re-run it") from exc

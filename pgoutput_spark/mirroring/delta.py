@@ -564,7 +564,7 @@ _CONFLICTING = re.compile(r"Conflicting commit: (\{.*\})")
 _CONCURRENCY = re.compile(r"Concurrent\w*Exception|MetadataChangedException|ProtocolChangedException")
 
 
-def _conflicting_operation(exc: Exception) -> str | None:
+def conflicting_operation(exc: Exception) -> str | None:
     """The operation of the commit a Delta concurrency error names ("OPTIMIZE", "UPDATE", ...);
     None for another error. An unreadable one is "an unknown operation"."""
     text = str(exc)
@@ -603,7 +603,7 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
             try:
                 return build().execute()
             except Exception as exc:
-                operation = _conflicting_operation(exc)
+                operation = conflicting_operation(exc)
                 if operation is None:
                     raise
                 if operation not in REWRITES or attempt == MERGE_ATTEMPTS:

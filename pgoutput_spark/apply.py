@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -82,6 +83,7 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+from .spark.session import release
 
 
 _log = logging.getLogger(__name__)
@@ -399,7 +401,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         return dataclasses.replace(result, note=note, remaining=remaining)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
-        decoded.unpersist()
+        release(decoded)
 
 
 def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns, until_seq: int | None,
@@ -413,7 +415,7 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
     if slice_where is not None:
         try:
             row = capture.where(F.expr(slice_where)).agg(F.max(columns.seq), F.min(columns.seq)).first()
-        except Exception as exc:
+        except AnalysisException as exc:  # ParseException too; a failed job is not the predicate's fault
             raise ConfigError(f"--slice-where {slice_where!r} is not a predicate on the capture's columns "
                               f"({', '.join(capture.columns)}): {str(exc).splitlines()[0]}") from exc
         if row[0] is None:
@@ -557,7 +559,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 txn_append(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
             drop_saved_open_rows(ledger.spark, ledger.pending_path, lo)
     finally:
-        committed.unpersist()
+        release(committed)
         assembled.release()
     with _step("count messages and quarantine"):
         bad = quarantined(decoded)
@@ -682,13 +684,13 @@ class _Rebuild:
                     (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                      .option("userMetadata", json.dumps({METADATA_KEY: meta}, sort_keys=True)).save(plan.path))
                 finally:
-                    rows.unpersist()
+                    release(rows)
                 out.append(TableResult(name, plan.path, oid, inserted=n_rows, status="rebuilt"))
                 say(f"rebuilt {name}: {n_rows} rows from the start of the capture")
         finally:
-            committed.unpersist()
+            release(committed)
             assembled.release()
-            everything.unpersist()
+            release(everything)
         return out
 
 
@@ -733,7 +735,7 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
         versions = changes.where(F.col("_action") == "version").count()
         merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)
     finally:
-        changes.unpersist()
+        release(changes)
     return versions
 
 
@@ -859,10 +861,10 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
                                history=versions, tasks=tasks)
         finally:
-            net.unpersist()
+            release(net)
     finally:
         if typed is not None:
-            typed.unpersist()
+            release(typed)
 
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,

@@ -35,6 +35,7 @@ from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+from .spark.session import release
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp")
@@ -151,7 +152,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
         return dataclasses.replace(result, redone=bool(started), remaining=remaining)
     finally:
-        decoded.unpersist()
+        release(decoded)
 
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
@@ -205,7 +206,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             txn_append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
         drop_saved_open_rows(spark, state.pending_path, lo)
     finally:
-        committed.unpersist()
+        release(committed)
         assembled.release()
     bad = quarantined(decoded)
     n_bad = bad.count()

@@ -159,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--quarantine", help=argparse.SUPPRESS)
     status.add_argument("--master", help="Spark master (default from the configuration)")
     for name, command in sub.choices.items():
+        command.add_argument("--conf", action="append", type=_spark_setting, default=[], metavar="KEY=VALUE",
+                             help="a Spark setting, over the configuration's spark.conf (repeatable), "
+                                  "e.g. spark.driver.memory=8g")
         command.add_argument("--json", action="store_true",
                              help="print the result as one JSON object (errors too) for schedulers")
         if name not in ("snapshot", "capture"):  # those two have their own --quiet
@@ -192,7 +195,7 @@ def run_capture_command(args: argparse.Namespace) -> Any:
     spark = None
     if args.landing_format == "delta":
         config = load_config(args.config)
-        spark = _spark(config, args.master)
+        spark = _spark(dataclasses.replace(config, spark=_spark_overrides(config, args)))
     progress = None if args.quiet else (lambda chunk: print(chunk.render(), flush=True))
     result = capture_slot(args.landing, slot=args.slot, publications=args.publication, dsn=args.dsn,
                           format=args.landing_format, spark=spark,
@@ -302,9 +305,7 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
         decode = dataclasses.replace(decode, on_error=args.on_error)
     if args.quarantine:
         decode = dataclasses.replace(decode, quarantine_path=args.quarantine)
-    spark = config.spark
-    if args.master:
-        spark = dataclasses.replace(spark, master=args.master)
+    spark = _spark_overrides(config, args)
     changes = config.changes
     if getattr(args, "pipeline", None):
         changes = dataclasses.replace(changes, pipeline=args.pipeline)
@@ -313,9 +314,27 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     return dataclasses.replace(config, capture=capture, decode=decode, spark=spark, changes=changes)
 
 
+def _spark_overrides(config: Config, args: argparse.Namespace) -> Any:
+    """The configuration's Spark section with ``--master`` and ``--conf`` applied."""
+    spark = config.spark
+    if args.master:
+        spark = dataclasses.replace(spark, master=args.master)
+    if args.conf:
+        spark = dataclasses.replace(spark, conf={**spark.conf, **dict(args.conf)})
+    return spark
+
+
+def _spark_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a Spark setting), not {text!r}")
+    return key.strip(), value.strip()
+
+
 def run_decode(config: Config, output: str | None = None) -> Any:
     """Decode the configured capture; returns its summary."""
     from .spark.decode import decode, quarantined
+    from .spark.session import release
     from .spark.summary import summarize
 
     spark, capture, columns = _capture(config)
@@ -329,7 +348,7 @@ def run_decode(config: Config, output: str | None = None) -> Any:
         if config.decode.quarantine_path and summary.quarantined:
             quarantined(decoded).write.format("delta").mode("append").save(config.decode.quarantine_path)
     finally:
-        decoded.unpersist()
+        release(decoded)
     return summary
 
 
@@ -388,7 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgoutputSparkError as exc:
         return _failed(args, exc)
     except Exception as exc:  # Spark wraps errors raised inside tasks
-        recovered = task_error(exc)
+        from .spark.session import spark_lost
+
+        recovered = task_error(exc) or spark_lost()
         if recovered is None:
             raise
         return _failed(args, recovered)

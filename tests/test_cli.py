@@ -276,3 +276,46 @@ def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
     monkeypatch.setattr(cli, "_capture", lambda config: (None, None, None))
     args = cli._parser().parse_args(["changes", "--target", "t", "--max-messages", "5", "--until-caught-up"])
     assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [5, 5]
+
+
+def test_conf_sets_spark_settings_over_the_configuration():
+    from pgoutput_spark import cli
+
+    config = load_config(ROOT / "conf" / "local.yaml")
+    for command in (["apply", "--target", "t"], ["status", "--target", "t"], ["decode"]):
+        args = cli._parser().parse_args([*command, "--conf", "spark.driver.memory=8g",
+                                         "--conf", "spark.sql.shuffle.partitions = 3"])
+        conf = cli._apply_overrides(config, args).spark.conf
+        assert conf["spark.driver.memory"] == "8g" and conf["spark.sql.shuffle.partitions"] == "3"
+        assert conf["spark.ui.enabled"] == "false"  # the configuration's other settings stay
+    args = cli._parser().parse_args(["capture", "--landing", "l", "--slot", "s", "--publication", "p",
+                                     "--conf", "spark.driver.memory=2g"])
+    assert cli._spark_overrides(config, args).conf["spark.driver.memory"] == "2g"
+
+
+def test_conf_without_a_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["apply", "--target", "t", "--conf", "spark.driver.memory"])
+    assert exit_.value.code == 2
+    assert "expected KEY=VALUE (a Spark setting), not 'spark.driver.memory'" in capsys.readouterr().err
+
+
+def test_a_driver_out_of_memory_is_one_line_naming_the_heap_and_the_remedies(tmp_path):
+    """A task that runs the driver JVM out of memory ends it (exit code 52): the command says
+    so, instead of the errors of a context shut down under it. The run's own process, with a
+    small heap, and a slice predicate that builds a 1.6 GB array in a task."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pgoutput_spark.cli", "apply", "--json", "--quiet", "--target", str(tmp_path / "t"),
+         "--conf", "spark.driver.memory=600m", "--slice-where", "size(array_repeat(seq, 200000000)) > 0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("pgoutput-spark: error: Spark's driver JVM ran out of memory "
+                           "(java.lang.OutOfMemoryError, spark.driver.memory 600m) and stopped"), line
+    assert "--conf spark.driver.memory=8g" in line and "--max-messages N --until-caught-up" in line
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["ok"] is False and report["reason"] == line.removeprefix("pgoutput-spark: error: ")

@@ -31,6 +31,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
+from .session import release
 
 #: Messages that are row changes (or take effect with a transaction).
 CHANGE_TYPES = ("insert", "update", "delete", "truncate")
@@ -128,7 +129,7 @@ class Assembled:
         return self.end_state.last_begin_seq is not None or self.ledger.leaves_open
 
     def release(self) -> None:
-        self.scanned.unpersist()
+        release(self.scanned)
 
 
 @dataclass(frozen=True)

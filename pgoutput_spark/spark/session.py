@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from ..config import LOCAL_SPARK_CONF
+from ..errors import PgoutputSparkError
 
 #: Settings every session gets unless the caller overrides them.
 DEFAULTS: dict[str, str] = {
@@ -42,7 +44,8 @@ def build_spark_session(
     ``master`` is only set when given and when the process was not launched by
     spark-submit (whose ``--master`` wins); a ``local[...]`` master also gets
     the embedded default's small-machine settings (`config.LOCAL_SPARK_CONF`:
-    4 shuffle partitions, ...) under ``conf``. The Delta
+    4 shuffle partitions, ...) and a driver heap sized to the machine
+    (`default_driver_memory`) under ``conf`` (`session_settings`). The Delta
     connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
     """
@@ -56,13 +59,147 @@ def build_spark_session(
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master and not under_spark_submit:
         builder = builder.master(master)
-    local = master is not None and master.startswith("local") and not under_spark_submit
-    # A local session (a notebook, the demo) gets few shuffle partitions unless told otherwise.
-    settings = {**DEFAULTS, **(LOCAL_SPARK_CONF if local else {}), **(conf or {})}
+    settings = session_settings(master if not under_spark_submit else None, conf)
     for key, value in settings.items():
         builder = builder.config(key, value)
     if "spark.jars.packages" not in settings:
         builder = configure_spark_with_delta_pip(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # Kept for `spark_lost`, which may have to name it after the JVM is gone.
+    _driver_memory[0] = spark.sparkContext.getConf().get("spark.driver.memory", None)
     return spark
+
+
+def session_settings(master: str | None, conf: Mapping[str, str] | None) -> dict[str, str]:
+    """The settings `build_spark_session` gives a new session: `DEFAULTS`, then for a local
+    ``master`` `config.LOCAL_SPARK_CONF` and a driver heap sized to the machine
+    (`default_driver_memory`) unless one is chosen elsewhere, then ``conf``."""
+    local = master is not None and master.startswith("local")
+    # A local session (a notebook, the demo) gets few shuffle partitions unless told otherwise.
+    settings = {**DEFAULTS, **(LOCAL_SPARK_CONF if local else {}), **(conf or {})}
+    if local and not _driver_memory_chosen(settings):
+        settings["spark.driver.memory"] = default_driver_memory(machine_memory())
+    return settings
+
+
+#: Bounds of a local session's default driver heap (`default_driver_memory`).
+DRIVER_MEMORY_MIN_MIB = 1024
+DRIVER_MEMORY_MAX_MIB = 16 * 1024
+
+
+def default_driver_memory(machine_bytes: int | None) -> str:
+    """``spark.driver.memory`` of a local session nobody chose it for: a quarter of the
+    machine's memory, 1 to 16 GiB.
+
+    A local session's tasks run in the driver JVM, and Spark's own default heap (1 GiB) is too
+    small for a run of any size: `apply` of 1M changes (1.2M messages, 150 MB of Parquet) fails
+    with ``OutOfMemoryError`` in it and succeeds in 2 GiB (benchmarks/README.md, "Memory").
+    A quarter leaves the rest to the Python workers (about 3 GiB in that run) and the machine.
+    """
+    if machine_bytes is None:
+        return f"{DRIVER_MEMORY_MIN_MIB}m"
+    mib = min(max(machine_bytes // 4 // 2**20, DRIVER_MEMORY_MIN_MIB), DRIVER_MEMORY_MAX_MIB)
+    return f"{mib}m"
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this process may use: the physical memory, or the container's (cgroup)
+    limit when lower; None when neither can be read."""
+    try:
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (cgroup v2) means no limit
+            total = int(text) if total is None else min(total, int(text))
+    return total
+
+
+def _driver_memory_chosen(settings: Mapping[str, str]) -> bool:
+    """Whether the driver's heap is set by the caller or Spark's usual places: this session's
+    settings, ``SPARK_DRIVER_MEMORY``, ``--driver-memory`` in ``PYSPARK_SUBMIT_ARGS``, or
+    ``spark-defaults.conf``."""
+    if "spark.driver.memory" in settings or os.environ.get("SPARK_DRIVER_MEMORY"):
+        return True
+    if "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
+    if conf_dir:
+        try:
+            lines = Path(conf_dir, "spark-defaults.conf").read_text().splitlines()
+        except OSError:
+            return False
+        return any(line.split()[:1] == ["spark.driver.memory"] for line in lines)
+    return False
+
+
+#: Spark's exit code for a JVM that ran out of memory (``SparkExitCode.OOM``).
+_EXIT_OOM = 52
+
+
+def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0) -> PgoutputSparkError | None:
+    """The error to report when Spark stopped under a failing call, else None.
+
+    A fatal error in a task (``java.lang.OutOfMemoryError``: the driver's heap was too small for
+    the run) stops the SparkContext and ends its JVM with exit code 52; every later call then
+    fails with errors about a shut-down context that say nothing of the cause. ``wait`` is how
+    long to wait for the JVM to exit once the context is found stopped (its shutdown hooks run
+    first), to tell an out-of-memory exit from other stops.
+    """
+    from py4j.protocol import Py4JError
+    from pyspark import SparkContext
+
+    sc = spark.sparkContext if spark is not None else SparkContext._active_spark_context
+    if sc is None:
+        return None
+    try:
+        stopped = bool(sc._jsc is None or sc._jsc.sc().isStopped())  # type: ignore[union-attr]
+    except (Py4JError, ConnectionError, AttributeError):
+        stopped = True  # the gateway is gone: the JVM exited
+    if not stopped:
+        return None
+    proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
+    code = None
+    if proc is not None:
+        try:
+            code = proc.wait(timeout=wait)
+        except Exception:  # still running after `wait` (e.g. stopped by hand)
+            code = None
+    memory = _driver_memory_text()
+    remedy = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "
+              "or spark-submit --driver-memory) or bound each run (--max-messages N --until-caught-up).")
+    if code == _EXIT_OOM:
+        return PgoutputSparkError(
+            f"Spark's driver JVM ran out of memory (java.lang.OutOfMemoryError, spark.driver.memory "
+            f"{memory}) and stopped; the next run redoes this run's slice, as after any interrupted "
+            f"run. To avoid it, {remedy}")
+    how = f"its JVM exited with code {code}" if code is not None else "its SparkContext was stopped"
+    return PgoutputSparkError(
+        f"Spark stopped during the run ({how}; Spark's log above says why, java.lang.OutOfMemoryError "
+        f"if the driver ran out of memory, spark.driver.memory {memory}); the next run redoes this "
+        f"run's slice, as after any interrupted run. If memory was the cause, {remedy}")
+
+
+#: The driver heap setting of the session `build_spark_session` last returned.
+_driver_memory: list[str | None] = [None]
+
+
+def _driver_memory_text() -> str:
+    return _driver_memory[0] or os.environ.get("SPARK_DRIVER_MEMORY") or "1g (Spark's default)"
+
+
+def release(frame: DataFrame) -> None:
+    """``frame.unpersist()`` in a ``finally``: when Spark has stopped under the failing call,
+    there is nothing to release, and the failure of this call would hide the error that
+    stopped it."""
+    try:
+        frame.unpersist()
+    except Exception:
+        if spark_lost(frame.sparkSession, wait=0) is None:
+            raise

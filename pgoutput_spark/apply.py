@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import CaptureColumns, _is_delta
+from .capture import CaptureColumns, _is_delta, one_row_per_message, repeated_note
 from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
@@ -146,6 +146,7 @@ class ApplyResult:
     excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
     note: str | None = None  # what a bounded (backfill) slice did besides the plain case
     remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
+    repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
 
     def render(self) -> str:
         if self.skipped:
@@ -155,7 +156,7 @@ class ApplyResult:
                    f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}")
         lines = [f"capture slice: after {start} up to seq {self.hi}"
                  + (" (redoing an interrupted run)" if self.redone else ""),
-                 f"applied: {applied}", f"messages: {self.messages}",
+                 f"applied: {applied}", f"messages: {self.messages}{repeated_note(self.repeated_rows)}",
                  f"transactions applied: {self.transactions}",
                  f"quarantined messages: {self.quarantined_messages}",
                  f"rows of open transactions carried over: {self.open_rows}"]
@@ -378,15 +379,17 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
             if remaining:
                 more = f"more of the capture remains after seq {hi} (max_messages {max_messages}): run again"
                 note = more if note is None else f"{note}; {more}"
+    window = canonical.where(F.col("seq") <= hi)
+    if lo is not None:
+        window = window.where(F.col("seq") > lo)
+    with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
+        window, repeated = one_row_per_message(window)
     run_id = uuid.uuid4().hex
     with _step("claim the slice"):
         ledger.claim(lease, run_id, hi)
     say = progress or (lambda line: None)
     say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if redone else ""))
-    window = canonical.where(F.col("seq") <= hi)
-    if lo is not None:
-        window = window.where(F.col("seq") > lo)
     # Tuples deferred to the table tasks: the run caches and moves one binary per change.
     decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
@@ -398,7 +401,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
                       table_path, table_name, tables or TablesConfig(), say, history_path,
                       _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows)
-        return dataclasses.replace(result, note=note, remaining=remaining)
+        return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         release(decoded)
@@ -660,8 +663,8 @@ class _Rebuild:
     def run(self, ledger: Ledger, hi: int, skip_origins: tuple[str, ...], history: RelationHistory,
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
         """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
-        everything = decode(self.capture.where(F.col("seq") <= hi), on_error=self.on_error,
-                            tuples=False, positions=ScanState()).persist()
+        replayed, _ = one_row_per_message(self.capture.where(F.col("seq") <= hi))
+        everything = decode(replayed, on_error=self.on_error, tuples=False, positions=ScanState()).persist()
         assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
         committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []

@@ -14,7 +14,9 @@ data      BINARY     the pgoutput message, or the walsender's XLogData frame
 xid       BIGINT     optional: the xid PostgreSQL reported with the message
 ========  =========  ===========================================================
 
-Column names are configurable through `CaptureColumns`.
+Column names are configurable through `CaptureColumns`. A landing may hold a
+message more than once (an at-least-once writer, a file landed twice): rows with
+the same seq, LSN and bytes are one message (`one_row_per_message`).
 """
 
 from __future__ import annotations
@@ -119,6 +121,41 @@ def check_landing(spark: SparkSession, path: str, format: Literal["parquet", "de
     if info is not None:
         check_session_settings(info.get("settings") or {}, source=path)
     return info
+
+
+def one_row_per_message(window: DataFrame) -> tuple[DataFrame, int]:
+    """``window`` (canonical capture rows) with each message once, and how many rows repeated one.
+
+    Landings written at least once (a retried file, a sink that delivers again) repeat
+    rows: a row with the seq, LSN and bytes of another is that message again, and is left
+    out. Two rows with one seq and different LSNs or bytes break the contract (seq names one
+    message of the slot's stream): a `CaptureError` naming the seq and its LSNs, before
+    anything is applied. Costs one aggregation over the seqs; the repeats are dropped by a
+    shuffle only when there are some.
+    """
+    from pyspark.sql import functions as F
+
+    from .lsn import Lsn
+
+    rows, messages = window.agg(F.count(F.lit(1)), F.count_distinct("seq")).first()
+    if rows == messages:
+        return window, 0
+    clashes = (window.groupBy("seq")
+               .agg(F.count_distinct("lsn", "data").alias("versions"), F.array_sort(F.collect_set("lsn")).alias("lsns"))
+               .where(F.col("versions") > 1).orderBy("seq").limit(4).collect())
+    if clashes:
+        where = "; ".join(f"seq {r['seq']}: {r['versions']} different messages "
+                          f"(lsn {', '.join(str(Lsn(x)) for x in r['lsns'])})" for r in clashes[:3])
+        raise CaptureError(
+            f"the capture holds different messages under one seq ({where}{'; ...' if len(clashes) > 3 else ''}): "
+            f"seq must name one message of the slot's stream; rows repeated with the same lsn and "
+            f"bytes are fine, these are not: fix the landing")
+    return window.dropDuplicates(["seq"]), rows - messages
+
+
+def repeated_note(rows: int) -> str:
+    """What a run's summary says after its message count of the repeats it left out."""
+    return f" ({rows} repeated rows of the capture left out: each message applied once)" if rows else ""
 
 
 def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "auto") -> DataFrame:

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .capture import CaptureColumns
+from .capture import CaptureColumns, one_row_per_message, repeated_note
 from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
@@ -52,13 +52,15 @@ class ChangesResult:
     skipped: bool = False
     redone: bool = False  # this run redid an interrupted run's slice
     remaining: bool = False  # ``max_messages`` ended the run before the capture's end
+    repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
 
     def render(self) -> str:
         if self.skipped:
             return f"nothing new after seq {self.lo}: no Delta commit"
         start = "the start" if self.lo is None else f"seq {self.lo}"
         lines = [f"capture slice: after {start} up to seq {self.hi}"
-                 + (" (redoing an interrupted run)" if self.redone else ""), f"messages: {self.messages}",
+                 + (" (redoing an interrupted run)" if self.redone else ""),
+                 f"messages: {self.messages}{repeated_note(self.repeated_rows)}",
                  f"quarantined messages: {self.quarantined}",
                  f"rows of open transactions carried over: {self.open_rows}", "changes per table:"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.changes.items())]
@@ -139,10 +141,12 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
             return ChangesResult(lo, None, skipped=True)
         if max_messages is not None:
             remaining = canonical.where(F.col("seq") > hi).limit(1).count() > 0
-        state.record("started", lo if lo is not None else -1, hi, scan_in)
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
+    window, repeated = one_row_per_message(window)  # before the run is recorded: a bad landing changes nothing
+    if not started:
+        state.record("started", lo if lo is not None else -1, hi, scan_in)
     decoded = decode(window, on_error=on_error, tuples=False,  # decoded in the table tasks
                      positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
     say = progress or (lambda line: None)
@@ -150,7 +154,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         + (" (redoing an interrupted run)" if started else ""))
     try:
         result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
-        return dataclasses.replace(result, redone=bool(started), remaining=remaining)
+        return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated)
     finally:
         release(decoded)
 

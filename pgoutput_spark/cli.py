@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .capture import CaptureColumns, read_capture
+from .capture import CaptureColumns, one_row_per_message, read_capture
 from .config import Config, load_config
 from .errors import ConfigError, DecodeError, PgoutputSparkError
 from .lsn import Lsn
@@ -338,11 +338,13 @@ def run_decode(config: Config, output: str | None = None) -> Any:
     from .spark.summary import summarize
 
     spark, capture, columns = _capture(config)
-    decoded = decode(capture, columns=columns, on_error=config.decode.on_error,  # type: ignore[arg-type]
+    messages, repeated = one_row_per_message(columns.select(capture))
+    decoded = decode(messages, columns=CaptureColumns(xid=None if columns.xid is None else "xid"),
+                     on_error=config.decode.on_error,  # type: ignore[arg-type]
                      framing=config.capture.framing)  # type: ignore[arg-type]
     decoded = decoded.persist()
     try:
-        summary = summarize(decoded)
+        summary = dataclasses.replace(summarize(decoded), repeated_rows=repeated)
         if output:
             decoded.write.mode("overwrite").parquet(output)
         if config.decode.quarantine_path and summary.quarantined:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..capture import repeated_note
 from ..lsn import Lsn
 
 
@@ -18,9 +19,10 @@ class CaptureSummary:
     relations: list[tuple[int, str, int]]  # (relation id, schema.name, columns in last Relation)
     lsn_range: tuple[int, int] | None
     quarantined: int
+    repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
 
     def render(self) -> str:
-        lines = [f"messages: {self.messages}"]
+        lines = [f"messages: {self.messages}{repeated_note(self.repeated_rows)}"]
         if self.lsn_range:
             lines.append(f"lsn range: {Lsn(self.lsn_range[0])} .. {Lsn(self.lsn_range[1])}")
         lines.append(f"quarantined: {self.quarantined}")

@@ -236,6 +236,22 @@ def test_a_net_change_spread_over_tasks_by_key_gives_the_same_tables(spark, tmp_
     assert f"net change in {third.tables[0].tasks} tasks" in third.render()
 
 
+def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_written(spark, tmp_path):
+    """A repeated row is the same message again (tests/spark/test_apply_pg.py lands real ones);
+    one seq holding two different messages breaks the capture contract."""
+    from pgoutput_spark.errors import CaptureError
+
+    root = str(tmp_path / "target")
+    first = _first_slice()
+    clash = spark.createDataFrame([(3, 103, bytearray(first[4]))], "seq long, lsn long, data binary")
+    again = spark.createDataFrame([(5, 105, bytearray(first[5]))], "seq long, lsn long, data binary")
+    with pytest.raises(CaptureError, match=r"different messages under one seq \(seq 3: 2 different "
+                                           r"messages \(lsn 0/67\)\): seq must name one message"):
+        run_apply(spark, _frame(spark, first).union(clash).union(again), root)
+    st = status(spark, root)
+    assert (st.runs, st.position, st.running, st.mirrors) == ([], None, False, {})
+
+
 def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
     root = str(tmp_path / "target")
     capture = _frame(spark, _first_slice() + _second_slice())

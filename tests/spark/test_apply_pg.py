@@ -238,10 +238,11 @@ def _compare(table: tuple[str, str], columns: list[str], rows: list[tuple[Any, .
 # -- landing and running ----------------------------------------------------------------------------
 
 
-def _land(messages: list[CapturedMessage], tmp: Path, landing: Path, k: int) -> None:
-    for path in write_capture_parquet(messages, tmp / f"chunk{k:02d}"):
+def _land(messages: list[CapturedMessage], tmp: Path, landing: Path, k: int | str) -> None:
+    name = f"{k:02d}" if isinstance(k, int) else k
+    for path in write_capture_parquet(messages, tmp / f"chunk{name}"):
         landing.mkdir(exist_ok=True)
-        path.rename(landing / f"{k:02d}-{path.name}")  # files land one by one
+        path.rename(landing / f"{name}-{path.name}")  # files land one by one
 
 
 def _saved_open_rows(spark: Any, target: str) -> set[int]:
@@ -253,22 +254,34 @@ def _saved_open_rows(spark: Any, target: str) -> set[int]:
 
 
 def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,
-                       cuts: list[int], run_after: set[int],
+                       cuts: list[int], run_after: set[int], *, retries: bool = False,
                        **options: Any) -> tuple[Mirrors, list[ApplyResult]]:
     """Land ``messages`` in files cut at ``cuts``; run after the files in ``run_after``; compare.
-    ``options`` go to `run_apply`."""
+    With ``retries``, an at-least-once writer lands each file after the first again in part,
+    beside it: its last half and the next file's first third, under another name. ``options``
+    go to `run_apply`."""
     landing, target = tmp_path / "landing", str(tmp_path / "target")
     index, mirrors = CaptureIndex(messages), Mirrors(spark, target, workload)
     results: list[ApplyResult] = []
     previous_hi, previous_lsn = None, None
     bounds = [0, *cuts, len(messages)]
+    landed: Counter[int] = Counter()  # seq -> rows landed
     for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         _land(messages[lo:hi], tmp_path, landing, k)
+        landed.update(m.seq for m in messages[lo:hi])
+        if retries and k > 0:
+            before = bounds[k - 1]
+            again = messages[lo - (lo - before) // 2:lo + (hi - lo) // 3]
+            _land(again, tmp_path, landing, f"{k:02d}-retry")
+            landed.update(m.seq for m in again)
         if k not in run_after and hi != len(messages):
             continue
         result = run_apply(spark, read_capture(spark, str(landing)), target, **options)
         print(f"run {len(results) + 1} (capture up to seq {messages[hi - 1].seq}):\n{result.render()}")
         assert not result.skipped and result.lo == previous_hi and result.hi == messages[hi - 1].seq
+        repeated = sum(n - 1 for seq, n in landed.items() if (previous_hi is None or seq > previous_hi)
+                       and seq <= result.hi)
+        assert result.repeated_rows == repeated and (repeated > 0) == (retries and k > 0)
         assert result.from_lsn is None or previous_lsn is None or result.from_lsn > previous_lsn
         applied = result.to_lsn if result.to_lsn is not None else previous_lsn
         assert {t.path for t in result.tables} <= {mirror_path(target, s, n) for s, n in workload.tables()}
@@ -360,6 +373,19 @@ def test_pg15_protocol_2_whole_capture_in_one_run(spark, pg15_captures, tmp_path
     mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, cuts, run_after=set())
     assert len(results) == 1
     _check_types(mirrors)
+
+
+def test_pg15_a_landing_that_repeats_messages_applies_each_once(spark, pg15_captures, tmp_path):
+    """An at-least-once landing: each file after the first lands again in part (the end of the
+    file before it, the start of its own), so runs see messages twice, some of them
+    already applied by the run before. Every run applies each message once: the mirrors
+    equal PostgreSQL's tables after every run, and each run counts the repeats it left out."""
+    workload, captures = pg15_captures
+    messages = captures[2]
+    cuts = _cuts(messages, workload)
+    ordered = sorted(cuts.values())
+    _apply_and_compare(spark, messages, workload, tmp_path, ordered, {ordered.index(cuts["interleaved"])},
+                       retries=True)
 
 
 def test_pg15_protocol_1_in_two_runs(spark, pg15_captures, tmp_path):

@@ -54,19 +54,30 @@ def _ours(spark, target, table, expected):
     return frame.schema, out
 
 
+def _land(messages, tmp_path, landing, name):
+    part = [CapturedMessage(m.seq, m.lsn, m.xid, m.data) for m in messages]
+    for path in write_capture_parquet(part, tmp_path / f"chunk{name}"):
+        landing.mkdir(exist_ok=True)
+        path.rename(landing / f"{name}-{path.name}")  # files land one by one
+
+
 def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path):
+    """Landed at least once: each file after the first lands again in part beside it (the
+    end of the file before, already applied, and the start of its own)."""
     messages, oracle = captured
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")
     cuts = [0, 181, 900, len(messages)]  # inside a stream block, mid-workload
     saved = []
     for k, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
-        part = [CapturedMessage(m.seq, m.lsn, m.xid, m.data) for m in messages[lo:hi]]
-        for path in write_capture_parquet(part, tmp_path / f"chunk{k:02d}"):
-            landing.mkdir(exist_ok=True)
-            path.rename(landing / f"{k:02d}-{path.name}")  # files land one by one
+        _land(messages[lo:hi], tmp_path, landing, f"{k:02d}")
+        repeated = 0
+        if k > 0:  # the retry's rows of this file are this run's repeats
+            _land(messages[lo - (lo - cuts[k - 1]) // 2:lo + (hi - lo) // 3], tmp_path, landing, f"{k:02d}-retry")
+            repeated = (hi - lo) // 3
         result = run_changes(spark, read_capture(spark, str(landing)), target)
         assert not result.skipped and result.hi == messages[hi - 1].seq
+        assert (result.messages, result.repeated_rows) == (hi - lo, repeated)
         saved.append(result.open_rows)
         # Open-transaction rows: only this run's and those it read (the previous run's) are kept.
         held = spark.read.format("delta").load(f"{target}/_pgoutput/pending").select("_run_hi").distinct()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import LOCAL_SPARK_CONF
 from ..errors import PgoutputSparkError
+
+T = TypeVar("T")
 
 #: Settings every session gets unless the caller overrides them.
 DEFAULTS: dict[str, str] = {
@@ -192,6 +196,26 @@ _driver_memory: list[str | None] = [None]
 
 def _driver_memory_text() -> str:
     return _driver_memory[0] or os.environ.get("SPARK_DRIVER_MEMORY") or "1g (Spark's default)"
+
+
+def reports_lost_spark(func: Callable[..., T]) -> Callable[..., T]:
+    """A job function (``spark`` first) whose failure under a stopped Spark raises the
+    `spark_lost` error, its cause chained, instead of the error of whichever call found
+    Spark gone: what a notebook or a scheduler's Python task then shows."""
+
+    @functools.wraps(func)
+    def job(spark: SparkSession, *args: Any, **kwargs: Any) -> T:
+        try:
+            return func(spark, *args, **kwargs)
+        except PgoutputSparkError:
+            raise
+        except Exception as exc:
+            lost = spark_lost(spark)
+            if lost is None:
+                raise
+            raise lost from exc
+
+    return job
 
 
 def release(frame: DataFrame) -> None:

@@ -55,3 +55,35 @@ def test_a_heap_chosen_elsewhere_wins(plain_env, monkeypatch):
     assert session_settings("local[2]", None)["spark.driver.memory"] == "2048m"  # a comment is not a setting
     defaults.write_text("spark.driver.memory   5g\n")
     assert "spark.driver.memory" not in session_settings("local[2]", None)
+
+
+def test_a_job_that_runs_the_driver_out_of_memory_raises_what_happened(tmp_path):
+    """The notebook API: `run_changes` in a process of its own with a small heap, on a capture
+    filtered by an expression that builds a 1.6 GB array per row (the CLI's one line for the
+    same: tests/test_cli.py)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = f"""
+import json
+from pyspark.sql import functions as F
+from pgoutput_spark import read_capture
+from pgoutput_spark.changefeed import run_changes
+from pgoutput_spark.spark.session import build_spark_session
+
+spark = build_spark_session(master="local[1]", conf={{"spark.driver.memory": "600m"}})
+capture = read_capture(spark, "examples/sample_capture").where(F.size(F.array_repeat("seq", 200000000)) > 0)
+try:
+    run_changes(spark, capture, {str(tmp_path / "target")!r})
+except Exception as exc:
+    print(json.dumps({{"type": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["type"] == "PgoutputSparkError" and report["cause"] not in ("NoneType", "PgoutputSparkError")
+    assert report["message"].startswith("Spark's driver JVM ran out of memory (java.lang.OutOfMemoryError, "
+                                        "spark.driver.memory 600m) and stopped"), report

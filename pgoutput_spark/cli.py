@@ -411,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # Spark wraps errors raised inside tasks
         from .spark.session import spark_lost
 
-        recovered = task_error(exc) or spark_lost()
+        recovered = task_error(exc) or spark_lost(error=exc)
         if recovered is None:
             raise
         return _failed(args, recovered)

@@ -143,18 +143,31 @@ def _driver_memory_chosen(settings: Mapping[str, str]) -> bool:
     return False
 
 
+_REMEDY = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "
+           "or spark-submit --driver-memory; on a cluster, the executors: spark.executor.memory) "
+           "or bound each run (--max-messages N --until-caught-up).")
+
 #: Spark's exit code for a JVM that ran out of memory (``SparkExitCode.OOM``).
 _EXIT_OOM = 52
 
 
-def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0) -> PgoutputSparkError | None:
-    """The error to report when Spark stopped under a failing call, else None.
+#: What Spark's errors say when a task ran out of memory without ending the JVM: a task could
+#: not get execution memory (UNABLE_TO_ACQUIRE_MEMORY, SQLSTATE 53200), or an
+#: ``OutOfMemoryError`` Spark caught.
+_TASK_OUT_OF_MEMORY = ("SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY", "java.lang.OutOfMemoryError")
+
+
+def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0,
+               error: BaseException | None = None) -> PgoutputSparkError | None:
+    """The error to report when Spark stopped, or a task ran out of memory, under a failing
+    call (``error``, when given, is what the call raised); else None.
 
     A fatal error in a task (``java.lang.OutOfMemoryError``: the driver's heap was too small for
     the run) stops the SparkContext and ends its JVM with exit code 52; every later call then
     fails with errors about a shut-down context that say nothing of the cause. ``wait`` is how
     long to wait for the JVM to exit once the context is found stopped (its shutdown hooks run
-    first), to tell an out-of-memory exit from other stops.
+    first), to tell an out-of-memory exit from other stops. A task that could not get memory
+    (``SparkOutOfMemoryError``) fails its job with a Java trace instead, the context alive.
     """
     from py4j.protocol import Py4JError
     from pyspark import SparkContext
@@ -167,7 +180,7 @@ def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0) -> Pgou
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:
-        return None
+        return None if error is None else task_out_of_memory(error, sc.master)
     proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
     code = None
     if proc is not None:
@@ -175,9 +188,7 @@ def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0) -> Pgou
             code = proc.wait(timeout=wait)
         except Exception:  # still running after `wait` (e.g. stopped by hand)
             code = None
-    memory = _driver_memory_text()
-    remedy = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "
-              "or spark-submit --driver-memory) or bound each run (--max-messages N --until-caught-up).")
+    memory, remedy = _driver_memory_text(), _REMEDY
     if code == _EXIT_OOM:
         return PgoutputSparkError(
             f"Spark's driver JVM ran out of memory (java.lang.OutOfMemoryError, spark.driver.memory "
@@ -188,6 +199,19 @@ def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0) -> Pgou
         f"Spark stopped during the run ({how}; Spark's log above says why, java.lang.OutOfMemoryError "
         f"if the driver ran out of memory, spark.driver.memory {memory}); the next run redoes this "
         f"run's slice, as after any interrupted run. If memory was the cause, {remedy}")
+
+
+def task_out_of_memory(error: BaseException, master: str) -> PgoutputSparkError | None:
+    """The error to report for ``error`` when it is a Spark task that ran out of memory."""
+    text = str(error)
+    marker = next((m for m in _TASK_OUT_OF_MEMORY if m in text), None)
+    if marker is None:
+        return None
+    heap = (f"spark.driver.memory {_driver_memory_text()}: a local session's tasks share the driver's heap"
+            if master.startswith("local") else "spark.executor.memory and spark.executor.cores decide a task's share")
+    return PgoutputSparkError(
+        f"a Spark task ran out of memory ({marker}; {heap}); the next run redoes this run's slice, "
+        f"as after any interrupted run. To avoid it, {_REMEDY}")
 
 
 #: The driver heap setting of the session `build_spark_session` last returned.
@@ -210,7 +234,7 @@ def reports_lost_spark(func: Callable[..., T]) -> Callable[..., T]:
         except PgoutputSparkError:
             raise
         except Exception as exc:
-            lost = spark_lost(spark)
+            lost = spark_lost(spark, error=exc)
             if lost is None:
                 raise
             raise lost from exc

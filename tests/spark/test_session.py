@@ -87,3 +87,23 @@ except Exception as exc:
     assert report["type"] == "PgoutputSparkError" and report["cause"] not in ("NoneType", "PgoutputSparkError")
     assert report["message"].startswith("Spark's driver JVM ran out of memory (java.lang.OutOfMemoryError, "
                                         "spark.driver.memory 600m) and stopped"), report
+
+
+#: The error `apply` of a 4.35M-message pgbench landing raised with a 1 GiB heap (a task that
+#: could not get execution memory; the context lived on), shortened.
+TASK_OOM = ("An error occurred while calling o1007.collectToPython.\n: org.apache.spark.SparkException: Job "
+            "aborted due to stage failure: Task 0 in stage 40.0 failed 1 times, most recent failure: Lost task "
+            "0.0 in stage 40.0 (TID 43) (192.0.2.2 executor driver): org.apache.spark.memory.SparkOutOfMemoryError: "
+            "[UNABLE_TO_ACQUIRE_MEMORY] Unable to acquire 262144 bytes of memory, got 15199. SQLSTATE: 53200")
+
+
+def test_a_task_out_of_memory_names_the_heap_and_the_remedies(spark):
+    from pgoutput_spark.spark.session import spark_lost, task_out_of_memory
+
+    local = spark_lost(spark, error=Exception(TASK_OOM))  # the test session: local, alive
+    assert local is not None and str(local).startswith(
+        "a Spark task ran out of memory (SparkOutOfMemoryError; spark.driver.memory 4g: a local session's "
+        "tasks share the driver's heap); the next run redoes this run's slice")
+    assert "--max-messages N --until-caught-up" in str(local)
+    assert "spark.executor.memory and spark.executor.cores" in str(task_out_of_memory(Exception(TASK_OOM), "yarn"))
+    assert spark_lost(spark) is None and spark_lost(spark, error=Exception("[UNRESOLVED_COLUMN] `x`")) is None

@@ -144,6 +144,9 @@ class ApplyResult:
     skipped: bool = False
     duration_s: float = 0.0
     excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
+    # Mirrors that took changes of a table other than the one they started from, under the same
+    # name (the source table was dropped and created again), not re-snapshotted since (`_replaced`).
+    replaced: tuple[str, ...] = ()
     note: str | None = None  # what a bounded (backfill) slice did besides the plain case
     remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
@@ -179,6 +182,8 @@ class ApplyResult:
         missing = sorted(t.table for t in self.tables if t.skipped)
         if missing:
             lines.append(_skipped_hint(missing))
+        if self.replaced:
+            lines.append(_replaced_hint(list(self.replaced)))
         lines.append(f"took {self.duration_s:.1f} s")
         return "\n".join(lines)
 
@@ -191,6 +196,16 @@ def _skipped_hint(tables: list[str]) -> str:
             f"already in it (ALTER PUBLICATION ... ADD TABLE) sends none of those rows, and a "
             f"mirror changed behind the pipeline's back misses some: `verify` shows which mirrors "
             f"differ, a re-snapshot mends them (pgoutput-spark snapshot --table {tables[0]} ...)")
+
+
+def _replaced_hint(tables: list[str]) -> str:
+    """What the run says when a mirror took changes of a new table of its name (``tables``)."""
+    return (f"replaced in the source: {', '.join(tables)} took changes of a table that is not the "
+            f"one its mirror started from (another relation OID under the same name: the table was "
+            f"dropped and created again, or renamed and another created with its name); the mirror "
+            f"still holds the old table's rows, as a PostgreSQL subscriber's table would. `verify` "
+            f"shows the difference; a re-snapshot starts the mirror from the new table "
+            f"(pgoutput-spark snapshot --table {tables[0]} ...)")
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,7 @@ class Ledger:
 
     def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
         self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
+        self._snapshot_rows: list[tuple[int, str, int]] | None = None
         self.lease_path = f"{self.root}/_pgoutput/lease"
         self.runs_path = f"{self.root}/_runs"
         self.relations_path = f"{self.root}/_pgoutput/relations"
@@ -221,11 +237,22 @@ class Ledger:
 
     def starts(self) -> dict[int, int]:
         """Relation OID -> the LSN a (re-)snapshot left its mirror at (`slot.snapshot`)."""
-        if not _is_delta(self.spark, self.snapshots_path):
-            return {}
-        rows = self.spark.read.format("delta").load(self.snapshots_path).where(
-            F.col("pipeline") == self.pipeline).groupBy("relation_id").agg(F.max("lsn")).collect()
-        return {r[0]: r[1] for r in rows}
+        starts: dict[int, int] = {}
+        for oid, _, lsn in self._snapshots():
+            starts[oid] = max(lsn, starts.get(oid, lsn))
+        return starts
+
+    def snapshot_sources(self) -> dict[str, int]:
+        """``schema.table`` -> the relation OID its mirror's latest (re-)snapshot copied."""
+        return {name: oid for oid, name, _ in sorted(self._snapshots(), key=lambda r: r[2])}
+
+    def _snapshots(self) -> list[tuple[int, str, int]]:
+        """(relation OID, table, LSN) of every snapshot of this pipeline, read once per ledger."""
+        if self._snapshot_rows is None:
+            self._snapshot_rows = [] if not _is_delta(self.spark, self.snapshots_path) else [
+                (r[0], r[1], r[2]) for r in self.spark.read.format("delta").load(self.snapshots_path)
+                .where(F.col("pipeline") == self.pipeline).select("relation_id", "table", "lsn").collect()]
+        return self._snapshot_rows
 
     def lease(self) -> Lease:
         if not _is_delta(self.spark, self.lease_path):
@@ -570,8 +597,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         n_bad = bad.count()
         if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
             txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
+    sources = ledger.snapshot_sources()
+    replaced = tuple(sorted({_first_name(history, oid) for oid in relations if _replaced(history, oid, sources)}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
-                         redone, duration_s=time.time() - started, excluded=tuple(excluded))
+                         redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced)
     with _step("save the run; release the lease"):
         _finish(ledger, run_id, result, assembled.end_state, lease, started)
     return result
@@ -610,6 +639,17 @@ def _first_name(history: RelationHistory, oid: int) -> str:
     """``schema.table`` as the relation was first seen: its mirror's name, whatever renames followed."""
     first = history.relations[oid][0]
     return f"{first.namespace}.{first.name}"
+
+
+def _replaced(history: RelationHistory, oid: int, sources: dict[str, int]) -> bool:
+    """Whether the mirror ``oid`` writes to started from another relation of its name: its
+    latest (re-)snapshot copied another OID (``sources``: `Ledger.snapshot_sources`), or,
+    never snapshotted, the capture has several OIDs first seen under its name."""
+    name = _first_name(history, oid)
+    source = sources.get(name)
+    if source is not None:
+        return source != oid
+    return sum(_first_name(history, o) == name for o in history.relations) > 1
 
 
 def _spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: TablesConfig) -> TableSpec:

@@ -160,4 +160,22 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     assert bag.mirror_rows == bag_rows and "dropped, renamed or left the publication" in bag.reason
     assert main(command) == 0 and "3 equal, 0 differs, 0 not comparable, 1 without a source" in \
         capsys.readouterr().out
+
+    # The table created again under its name (another OID): its changes go to the mirror, which
+    # keeps the old table's rows, as a subscriber's table would, and the run says so; a
+    # re-snapshot starts the mirror from the new table.
+    pg15.execute("CREATE TABLE bag (k int PRIMARY KEY, v text); ALTER PUBLICATION verify_pub ADD TABLE bag;"
+                 " INSERT INTO bag VALUES (1, 'new'), (2, 'new')", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    renewed = run_apply(spark, read_capture(spark, landing), target)
+    assert renewed.replaced == ("public.bag",) and "replaced in the source: public.bag took changes of a " \
+        "table that is not the one its mirror started from" in renewed.render()
+    assert _states(verify_mirrors(spark, target, landing, dsn=dsn))["public.bag"] == "differs"
+    assert main([*resnapshot[:-4], "--table", "public.bag"]) == 0 and "re-snapshot as of" in capsys.readouterr().out
+    pg15.execute("UPDATE bag SET v = 'after the re-snapshot' WHERE k = 1", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    again = run_apply(spark, read_capture(spark, landing), target)
+    assert again.replaced == () and "replaced" not in again.render()
+    assert {t.table: (t.inserted, t.updated, t.deleted) for t in again.tables} == {"public.bag": (0, 1, 0)}
+    assert main(command) == 0 and "4 equal, 0 differs, 0 not comparable" in capsys.readouterr().out
     pg15.drop_slot(slot, dbname=db)

@@ -83,7 +83,7 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import release, reports_lost_spark
+from .spark.session import release, explains_spark_failures
 
 
 _log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ class Ledger:
         return saved_open_rows(self.spark, self.pending_path, hi)
 
 
-@reports_lost_spark
+@explains_spark_failures
 def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               columns: CaptureColumns | None = None, pipeline: str = "default",
               on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),

@@ -35,7 +35,7 @@ from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import release, reports_lost_spark
+from .spark.session import release, explains_spark_failures
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp")
@@ -105,7 +105,7 @@ class _State:
         return saved_open_rows(self.spark, self.pending_path, hi)
 
 
-@reports_lost_spark
+@explains_spark_failures
 def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 columns: CaptureColumns | None = None, pipeline: str = "default",
                 on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),

@@ -409,9 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgoutputSparkError as exc:
         return _failed(args, exc)
     except Exception as exc:  # Spark wraps errors raised inside tasks
-        from .spark.session import spark_lost
+        from .spark.session import spark_failure
 
-        recovered = task_error(exc) or spark_lost(error=exc)
+        recovered = task_error(exc) or spark_failure(error=exc)
         if recovered is None:
             raise
         return _failed(args, recovered)

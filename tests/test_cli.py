@@ -319,3 +319,21 @@ def test_a_driver_out_of_memory_is_one_line_naming_the_heap_and_the_remedies(tmp
     assert "--conf spark.driver.memory=8g" in line and "--max-messages N --until-caught-up" in line
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ok"] is False and report["reason"] == line.removeprefix("pgoutput-spark: error: ")
+
+
+def test_a_capture_file_cut_short_is_named_with_what_to_do(capsys, tmp_path):
+    """A landing with a file cut short (an upload that failed): one line naming the file and
+    Parquet's complaint, nothing applied."""
+    import shutil
+
+    landing = tmp_path / "landing"
+    shutil.copytree(SAMPLE, landing)
+    (landing / "part-00003.parquet").write_bytes((SAMPLE / "part-00001.parquet").read_bytes()[:3000])
+    target = tmp_path / "mirrors"
+    assert main(["apply", "--config", str(ROOT / "conf" / "local.yaml"), "--capture", str(landing),
+                 "--target", str(target), "--quiet"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"pgoutput-spark: error: can't read capture file file://{landing}/part-00003.parquet: "
+                           f"file:{landing}/part-00003.parquet is not a Parquet file"), line
+    assert "Move it out of the landing, or land it again, and re-run" in line
+    assert not (target / "shop").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import LOCAL_SPARK_CONF
-from ..errors import PgoutputSparkError
+from ..errors import CaptureError, PgoutputSparkError
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ def build_spark_session(
         builder = configure_spark_with_delta_pip(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    # Kept for `spark_lost`, which may have to name it after the JVM is gone.
+    # Kept for `spark_failure`, which may have to name it after the JVM is gone.
     _driver_memory[0] = spark.sparkContext.getConf().get("spark.driver.memory", None)
     return spark
 
@@ -157,10 +158,11 @@ _EXIT_OOM = 52
 _TASK_OUT_OF_MEMORY = ("SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY", "java.lang.OutOfMemoryError")
 
 
-def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0,
-               error: BaseException | None = None) -> PgoutputSparkError | None:
-    """The error to report when Spark stopped, or a task ran out of memory, under a failing
-    call (``error``, when given, is what the call raised); else None.
+def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
+                  error: BaseException | None = None) -> PgoutputSparkError | None:
+    """The error to report when Spark stopped, a task ran out of memory, or a capture file
+    could not be read under a failing call (``error``, when given, is what the call raised);
+    else None.
 
     A fatal error in a task (``java.lang.OutOfMemoryError``: the driver's heap was too small for
     the run) stops the SparkContext and ends its JVM with exit code 52; every later call then
@@ -180,7 +182,7 @@ def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0,
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:
-        return None if error is None else task_out_of_memory(error, sc.master)
+        return None if error is None else task_out_of_memory(error, sc.master) or unreadable_file(error)
     proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
     code = None
     if proc is not None:
@@ -199,6 +201,27 @@ def spark_lost(spark: SparkSession | None = None, *, wait: float = 10.0,
         f"Spark stopped during the run ({how}; Spark's log above says why, java.lang.OutOfMemoryError "
         f"if the driver ran out of memory, spark.driver.memory {memory}); the next run redoes this "
         f"run's slice, as after any interrupted run. If memory was the cause, {remedy}")
+
+
+#: Spark's error for a file it could not read, and the first cause under it.
+_FAILED_READ = re.compile(r"\[FAILED_READ_FILE[.\w]*\] Encountered error while reading file (?P<file>\S+)\.\s")
+_CAUSE = re.compile(r"Caused by: [\w.$]+: (?P<why>[^\n]+)")
+
+
+def unreadable_file(error: BaseException) -> CaptureError | None:
+    """The error to report for ``error`` when Spark could not read one of the capture's files
+    (cut short, not Parquet): the file and why, instead of a Java trace."""
+    text = str(error)
+    found = _FAILED_READ.search(text)
+    if found is None:
+        return None
+    cause = _CAUSE.search(text, found.end())
+    why = cause["why"].strip().rstrip(".") if cause else "see Spark's log above"
+    return CaptureError(
+        f"can't read capture file {found['file']}: {why}. A file cut short or not a capture file "
+        f"in the landing (an upload that failed, a copy still in progress)? Move it out of the "
+        f"landing, or land it again, and re-run; the next run redoes this run's slice, as after "
+        f"any interrupted run")
 
 
 def task_out_of_memory(error: BaseException, master: str) -> PgoutputSparkError | None:
@@ -222,10 +245,11 @@ def _driver_memory_text() -> str:
     return _driver_memory[0] or os.environ.get("SPARK_DRIVER_MEMORY") or "1g (Spark's default)"
 
 
-def reports_lost_spark(func: Callable[..., T]) -> Callable[..., T]:
-    """A job function (``spark`` first) whose failure under a stopped Spark raises the
-    `spark_lost` error, its cause chained, instead of the error of whichever call found
-    Spark gone: what a notebook or a scheduler's Python task then shows."""
+def explains_spark_failures(func: Callable[..., T]) -> Callable[..., T]:
+    """A job function (``spark`` first) whose failures that `spark_failure` explains (Spark
+    stopped, a task out of memory, an unreadable capture file) raise its error, Spark's
+    chained as the cause, instead of a Java trace or the error of whichever call found Spark
+    gone: what a notebook or a scheduler's Python task then shows."""
 
     @functools.wraps(func)
     def job(spark: SparkSession, *args: Any, **kwargs: Any) -> T:
@@ -234,10 +258,10 @@ def reports_lost_spark(func: Callable[..., T]) -> Callable[..., T]:
         except PgoutputSparkError:
             raise
         except Exception as exc:
-            lost = spark_lost(spark, error=exc)
-            if lost is None:
+            explained = spark_failure(spark, error=exc)
+            if explained is None:
                 raise
-            raise lost from exc
+            raise explained from exc
 
     return job
 
@@ -249,5 +273,5 @@ def release(frame: DataFrame) -> None:
     try:
         frame.unpersist()
     except Exception:
-        if spark_lost(frame.sparkSession, wait=0) is None:
+        if spark_failure(frame.sparkSession, wait=0) is None:
             raise

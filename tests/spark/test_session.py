@@ -98,12 +98,12 @@ TASK_OOM = ("An error occurred while calling o1007.collectToPython.\n: org.apach
 
 
 def test_a_task_out_of_memory_names_the_heap_and_the_remedies(spark):
-    from pgoutput_spark.spark.session import spark_lost, task_out_of_memory
+    from pgoutput_spark.spark.session import spark_failure, task_out_of_memory
 
-    local = spark_lost(spark, error=Exception(TASK_OOM))  # the test session: local, alive
+    local = spark_failure(spark, error=Exception(TASK_OOM))  # the test session: local, alive
     assert local is not None and str(local).startswith(
         "a Spark task ran out of memory (SparkOutOfMemoryError; spark.driver.memory 4g: a local session's "
         "tasks share the driver's heap); the next run redoes this run's slice")
     assert "--max-messages N --until-caught-up" in str(local)
     assert "spark.executor.memory and spark.executor.cores" in str(task_out_of_memory(Exception(TASK_OOM), "yarn"))
-    assert spark_lost(spark) is None and spark_lost(spark, error=Exception("[UNRESOLVED_COLUMN] `x`")) is None
+    assert spark_failure(spark) is None and spark_failure(spark, error=Exception("[UNRESOLVED_COLUMN] `x`")) is None

@@ -99,7 +99,7 @@ def default_driver_memory(machine_bytes: int | None) -> str:
 
     A local session's tasks run in the driver JVM, and Spark's own default heap (1 GiB) is too
     small for a run of any size: `apply` of 1M changes (1.2M messages, 150 MB of Parquet) fails
-    with ``OutOfMemoryError`` in it and succeeds in 2 GiB (benchmarks/README.md, "Memory").
+    with ``OutOfMemoryError`` in it and succeeds in 2 GiB (README, Configuration, "Memory").
     A quarter leaves the rest to the Python workers (about 3 GiB in that run) and the machine.
     """
     if machine_bytes is None:

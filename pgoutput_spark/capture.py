@@ -7,7 +7,8 @@ column    type       meaning
 ========  =========  ===========================================================
 seq       BIGINT     strictly increasing position in the slot's stream (several
                      messages share an LSN, so the LSN cannot order them)
-lsn       BIGINT     the LSN PostgreSQL reported for the message
+lsn       BIGINT     the LSN PostgreSQL reported for the message (or STRING as
+                     PostgreSQL prints it, ``0/16B3748``)
 data      BINARY     the pgoutput message, or the walsender's XLogData frame
                      (``w``, dataStart, walEnd, sendTime, message): the LSN is
                      then taken from dataStart
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .errors import CaptureError
 
 if TYPE_CHECKING:  # Spark is imported only where a DataFrame is touched
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 CaptureFormat = Literal["auto", "parquet", "delta"]
 
@@ -62,6 +63,8 @@ class CaptureColumns:
             integral = (T.LongType, T.IntegerType, T.ShortType)
             if expected is T.LongType and isinstance(found, integral):
                 columns.append(capture[actual].cast("bigint").alias(canonical))
+            elif canonical == "lsn" and isinstance(found, T.StringType):
+                columns.append(_lsn_from_text(capture[actual], actual, capture[self.seq]).alias(canonical))
             elif isinstance(found, expected):
                 columns.append(capture[actual].alias(canonical))
             else:
@@ -70,6 +73,26 @@ class CaptureColumns:
                     f"{found.simpleString()}, expected {expected().simpleString()}"
                 )
         return capture.select(*columns)
+
+
+#: How a capture error found inside a Spark task (`_lsn_from_text`) starts, so that
+#: `spark.session.spark_failure` can tell it from Spark's own errors.
+TASK_CAPTURE_ERROR = "pgoutput-spark capture error: "
+
+
+def _lsn_from_text(text: Column, name: str, seq: Column) -> Column:
+    """An LSN column landed as PostgreSQL prints LSNs (``0/16B3748``: what
+    ``pg_logical_slot_get_binary_changes`` returns as ``pg_lsn`` and psycopg reads as a
+    string), as a bigint. A value that is not an LSN fails the run naming the seq and the value."""
+    from pyspark.sql import functions as F
+
+    parts = F.split(text, "/")
+    value = (F.conv(parts[0], 16, 10).cast("bigint") * F.lit(2**32) + F.conv(parts[1], 16, 10).cast("bigint"))
+    bad = F.raise_error(F.concat(F.lit(f"{TASK_CAPTURE_ERROR}capture column {name!r} (the lsn column) holds '"),
+                                 text, F.lit("' at seq "), seq.cast("string"),
+                                 F.lit(": not an LSN (two hexadecimal numbers, e.g. 0/16B3748)")))
+    return F.when(text.isNull(), F.lit(None).cast("bigint")).when(
+        text.rlike("^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"), value).otherwise(bad.cast("bigint"))
 
 
 def _hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:

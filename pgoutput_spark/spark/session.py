@@ -182,7 +182,8 @@ def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:
-        return None if error is None else task_out_of_memory(error, sc.master) or unreadable_file(error)
+        return None if error is None else (
+            task_out_of_memory(error, sc.master) or unreadable_file(error) or capture_error(error))
     proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
     code = None
     if proc is not None:
@@ -222,6 +223,14 @@ def unreadable_file(error: BaseException) -> CaptureError | None:
         f"in the landing (an upload that failed, a copy still in progress)? Move it out of the "
         f"landing, or land it again, and re-run; the next run redoes this run's slice, as after "
         f"any interrupted run")
+
+
+def capture_error(error: BaseException) -> CaptureError | None:
+    """The `CaptureError` a Spark expression raised in a task (``capture.TASK_CAPTURE_ERROR``)."""
+    from ..capture import TASK_CAPTURE_ERROR
+
+    found = re.search(re.escape(TASK_CAPTURE_ERROR) + r"(?P<message>[^\n]*?)\s*(?:SQLSTATE|\n|$)", str(error))
+    return None if found is None else CaptureError(found["message"])
 
 
 def task_out_of_memory(error: BaseException, master: str) -> PgoutputSparkError | None:

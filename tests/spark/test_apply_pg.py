@@ -444,6 +444,44 @@ def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple
     return mirrors
 
 
+def test_a_landing_written_from_sql_with_text_lsns(spark, pg15, tmp_path):
+    """A landing as a user's own script writes it: `pg_logical_slot_get_binary_changes`
+    read with psycopg, whose ``pg_lsn`` is the text PostgreSQL prints (``0/16B3748``), a seq
+    numbered by the script. The mirror equals the table; a value that is not an LSN stops
+    the run naming its seq."""
+    from pgoutput_spark.errors import CaptureError
+
+    db = new_database(pg15, "text_lsn")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+    pg15.create_slot("s", dbname=db)
+    for statement in ("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g",
+                      "UPDATE t SET v = 'new' WHERE id % 7 = 0", "DELETE FROM t WHERE id % 10 = 0",
+                      "UPDATE t SET id = 100 WHERE id = 1"):
+        pg15.execute(statement, dbname=db)
+    rows = pg15.query("SELECT lsn, xid, data FROM pg_logical_slot_get_binary_changes('s', NULL, NULL, "
+                      "'proto_version', '1', 'publication_names', 'pub')", dbname=db)
+    assert all(isinstance(lsn, str) and "/" in lsn for lsn, _, _ in rows)
+
+    def land(path: Path, lsns: list[str]) -> str:
+        path.mkdir()
+        pq.write_table(pa.table({"seq": pa.array(range(len(rows)), pa.int64()), "lsn": lsns,
+                                 "xid": pa.array([int(x) for _, x, _ in rows], pa.int64()),
+                                 "data": pa.array([bytes(d) for _, _, d in rows], pa.binary())}), path / "0.parquet")
+        return str(path)
+
+    lsns = [lsn for lsn, _, _ in rows]
+    bad = land(tmp_path / "bad", [*lsns[:5], "16B3748", *lsns[6:]])
+    with pytest.raises(CaptureError, match=r"capture column 'lsn' \(the lsn column\) holds '16B3748' at seq 5: "
+                                           r"not an LSN"):
+        run_apply(spark, read_capture(spark, bad), str(tmp_path / "bad-target"))
+    target = str(tmp_path / "target")
+    result = run_apply(spark, read_capture(spark, land(tmp_path / "landing", lsns)), target)
+    assert (result.hi, result.transactions) == (len(rows) - 1, 4)
+    assert Lsn(lsns[0]) <= result.from_lsn < result.to_lsn <= Lsn(lsns[-1])  # as PostgreSQL printed them
+    mirror = sorted(tuple(r) for r in spark.read.format("delta").load(mirror_path(target, "public", "t")).collect())
+    assert mirror == sorted(pg15.query("SELECT id, v FROM t", dbname=db))
+
+
 def test_timestamp_without_time_zone(spark, pg15, tmp_path):
     """A small case of its own: a table whose type or names once broke every run touching it."""
     mirrors = _small_case(

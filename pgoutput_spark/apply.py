@@ -83,7 +83,7 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import release, explains_spark_failures
+from .spark.session import explains_spark_failures, release
 
 
 _log = logging.getLogger(__name__)

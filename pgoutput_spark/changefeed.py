@@ -35,7 +35,7 @@ from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import release, explains_spark_failures
+from .spark.session import explains_spark_failures, release
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp")

@@ -12,7 +12,8 @@ lsn       BIGINT     the LSN PostgreSQL reported for the message (or STRING as
 data      BINARY     the pgoutput message, or the walsender's XLogData frame
                      (``w``, dataStart, walEnd, sendTime, message): the LSN is
                      then taken from dataStart
-xid       BIGINT     optional: the xid PostgreSQL reported with the message
+xid       BIGINT     optional: the xid PostgreSQL reported with the message (or
+                     STRING, as PostgreSQL prints it)
 ========  =========  ===========================================================
 
 Column names are configurable through `CaptureColumns`. A landing may hold a
@@ -63,8 +64,8 @@ class CaptureColumns:
             integral = (T.LongType, T.IntegerType, T.ShortType)
             if expected is T.LongType and isinstance(found, integral):
                 columns.append(capture[actual].cast("bigint").alias(canonical))
-            elif canonical == "lsn" and isinstance(found, T.StringType):
-                columns.append(_lsn_from_text(capture[actual], actual, capture[self.seq]).alias(canonical))
+            elif canonical in ("lsn", "xid") and isinstance(found, T.StringType):
+                columns.append(_from_text(capture[actual], canonical, actual, capture[self.seq]).alias(canonical))
             elif isinstance(found, expected):
                 columns.append(capture[actual].alias(canonical))
             else:
@@ -75,24 +76,35 @@ class CaptureColumns:
         return capture.select(*columns)
 
 
-#: How a capture error found inside a Spark task (`_lsn_from_text`) starts, so that
+#: How a capture error found inside a Spark task (`_from_text`) starts, so that
 #: `spark.session.spark_failure` can tell it from Spark's own errors.
 TASK_CAPTURE_ERROR = "pgoutput-spark capture error: "
 
 
-def _lsn_from_text(text: Column, name: str, seq: Column) -> Column:
-    """An LSN column landed as PostgreSQL prints LSNs (``0/16B3748``: what
-    ``pg_logical_slot_get_binary_changes`` returns as ``pg_lsn`` and psycopg reads as a
-    string), as a bigint. A value that is not an LSN fails the run naming the seq and the value."""
+#: Text forms of the columns a capture may hold as PostgreSQL prints them: a pattern, what
+#: the value is, and its bigint value.
+_TEXT_FORMS = {
+    "lsn": ("^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$", "an LSN (two hexadecimal numbers, e.g. 0/16B3748)"),
+    "xid": ("^[0-9]{1,10}$", "a transaction id (a decimal number)"),
+}
+
+
+def _from_text(text: Column, canonical: str, name: str, seq: Column) -> Column:
+    """An LSN or xid column landed as PostgreSQL prints them (``0/16B3748``, ``736``: what
+    ``pg_logical_slot_get_binary_changes`` returns as ``pg_lsn`` and ``xid`` and psycopg reads
+    as strings), as a bigint. A value of another form fails the run naming the seq and the value."""
     from pyspark.sql import functions as F
 
-    parts = F.split(text, "/")
-    value = (F.conv(parts[0], 16, 10).cast("bigint") * F.lit(2**32) + F.conv(parts[1], 16, 10).cast("bigint"))
-    bad = F.raise_error(F.concat(F.lit(f"{TASK_CAPTURE_ERROR}capture column {name!r} (the lsn column) holds '"),
-                                 text, F.lit("' at seq "), seq.cast("string"),
-                                 F.lit(": not an LSN (two hexadecimal numbers, e.g. 0/16B3748)")))
-    return F.when(text.isNull(), F.lit(None).cast("bigint")).when(
-        text.rlike("^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"), value).otherwise(bad.cast("bigint"))
+    pattern, what = _TEXT_FORMS[canonical]
+    if canonical == "lsn":
+        parts = F.split(text, "/")
+        value = F.conv(parts[0], 16, 10).cast("bigint") * F.lit(2**32) + F.conv(parts[1], 16, 10).cast("bigint")
+    else:
+        value = text.cast("bigint")
+    bad = F.raise_error(F.concat(F.lit(f"{TASK_CAPTURE_ERROR}capture column {name!r} (the {canonical} column) holds '"),
+                                 text, F.lit("' at seq "), seq.cast("string"), F.lit(f": not {what}")))
+    return F.when(text.isNull(), F.lit(None).cast("bigint")).when(text.rlike(pattern), value).otherwise(
+        bad.cast("bigint"))
 
 
 def _hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:

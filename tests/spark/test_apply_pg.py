@@ -30,6 +30,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
+from pgoutput_spark.capture import CaptureColumns
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.slot.capture import capture_slot
@@ -444,10 +445,10 @@ def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple
     return mirrors
 
 
-def test_a_landing_written_from_sql_with_text_lsns(spark, pg15, tmp_path):
+def test_a_landing_written_from_sql_with_text_lsns_and_xids(spark, pg15, tmp_path):
     """A landing as a user's own script writes it: `pg_logical_slot_get_binary_changes`
-    read with psycopg, whose ``pg_lsn`` is the text PostgreSQL prints (``0/16B3748``), a seq
-    numbered by the script. The mirror equals the table; a value that is not an LSN stops
+    read with psycopg, whose ``pg_lsn`` and ``xid`` are the text PostgreSQL prints
+    (``0/16B3748``, ``736``), a seq numbered by the script. The mirror equals the table; a value that is not an LSN stops
     the run naming its seq."""
     from pgoutput_spark.errors import CaptureError
 
@@ -460,12 +461,12 @@ def test_a_landing_written_from_sql_with_text_lsns(spark, pg15, tmp_path):
         pg15.execute(statement, dbname=db)
     rows = pg15.query("SELECT lsn, xid, data FROM pg_logical_slot_get_binary_changes('s', NULL, NULL, "
                       "'proto_version', '1', 'publication_names', 'pub')", dbname=db)
-    assert all(isinstance(lsn, str) and "/" in lsn for lsn, _, _ in rows)
+    assert all(isinstance(lsn, str) and "/" in lsn and isinstance(xid, str) for lsn, xid, _ in rows)
 
     def land(path: Path, lsns: list[str]) -> str:
         path.mkdir()
         pq.write_table(pa.table({"seq": pa.array(range(len(rows)), pa.int64()), "lsn": lsns,
-                                 "xid": pa.array([int(x) for _, x, _ in rows], pa.int64()),
+                                 "xid": [x for _, x, _ in rows],
                                  "data": pa.array([bytes(d) for _, _, d in rows], pa.binary())}), path / "0.parquet")
         return str(path)
 
@@ -475,7 +476,9 @@ def test_a_landing_written_from_sql_with_text_lsns(spark, pg15, tmp_path):
                                            r"not an LSN"):
         run_apply(spark, read_capture(spark, bad), str(tmp_path / "bad-target"))
     target = str(tmp_path / "target")
-    result = run_apply(spark, read_capture(spark, land(tmp_path / "landing", lsns)), target)
+    landing = land(tmp_path / "landing", lsns)
+    assert read_capture(spark, landing).schema["xid"].dataType == T.StringType()
+    result = run_apply(spark, read_capture(spark, landing), target, columns=CaptureColumns(xid="xid"))
     assert (result.hi, result.transactions) == (len(rows) - 1, 4)
     assert Lsn(lsns[0]) <= result.from_lsn < result.to_lsn <= Lsn(lsns[-1])  # as PostgreSQL printed them
     mirror = sorted(tuple(r) for r in spark.read.format("delta").load(mirror_path(target, "public", "t")).collect())

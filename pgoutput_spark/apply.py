@@ -147,6 +147,9 @@ class ApplyResult:
     # Mirrors that took changes of a table other than the one they started from, under the same
     # name (the source table was dropped and created again), not re-snapshotted since (`_replaced`).
     replaced: tuple[str, ...] = ()
+    # (name, name at its snapshot) of tables renamed after their snapshot and before their first
+    # captured change: their changes start a mirror of the new name.
+    renamed: tuple[tuple[str, str], ...] = ()
     note: str | None = None  # what a bounded (backfill) slice did besides the plain case
     remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
@@ -184,6 +187,8 @@ class ApplyResult:
             lines.append(_skipped_hint(missing))
         if self.replaced:
             lines.append(_replaced_hint(list(self.replaced)))
+        if self.renamed:
+            lines.append(_renamed_hint(list(self.renamed)))
         lines.append(f"took {self.duration_s:.1f} s")
         return "\n".join(lines)
 
@@ -206,6 +211,16 @@ def _replaced_hint(tables: list[str]) -> str:
             f"still holds the old table's rows, as a PostgreSQL subscriber's table would. `verify` "
             f"shows the difference; a re-snapshot starts the mirror from the new table "
             f"(pgoutput-spark snapshot --table {tables[0]} ...)")
+
+
+def _renamed_hint(tables: list[tuple[str, str]]) -> str:
+    """What the run says of tables renamed after their snapshot (``tables``: (name, old name))."""
+    names = ", ".join(f"{name} (snapshotted as {old})" for name, old in tables)
+    return (f"renamed in the source after the snapshot, before any change of them was captured: {names}. "
+            f"Their changes go to a mirror of the name they had when the capture first saw them, which "
+            f"lacks the snapshot's rows (updates and deletes of those rows are skipped); the mirror of "
+            f"the old name stays as it was. Re-snapshot them under their names now "
+            f"(pgoutput-spark snapshot --table {tables[0][0]} ...)")
 
 
 @dataclass(frozen=True)
@@ -245,6 +260,13 @@ class Ledger:
     def snapshot_sources(self) -> dict[str, int]:
         """``schema.table`` -> the relation OID its mirror's latest (re-)snapshot copied."""
         return {name: oid for oid, name, _ in sorted(self._snapshots(), key=lambda r: r[2])}
+
+    def snapshot_names(self) -> dict[int, set[str]]:
+        """Relation OID -> the ``schema.table`` names (re-)snapshots copied it under."""
+        names: dict[int, set[str]] = {}
+        for oid, name, _ in self._snapshots():
+            names.setdefault(oid, set()).add(name)
+        return names
 
     def _snapshots(self) -> list[tuple[int, str, int]]:
         """(relation OID, table, LSN) of every snapshot of this pipeline, read once per ledger."""
@@ -597,10 +619,13 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         n_bad = bad.count()
         if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
             txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
-    sources = ledger.snapshot_sources()
+    sources, snapshot_names = ledger.snapshot_sources(), ledger.snapshot_names()
     replaced = tuple(sorted({_first_name(history, oid) for oid in relations if _replaced(history, oid, sources)}))
+    renamed = tuple(sorted({(_first_name(history, oid), min(snapshot_names[oid])) for oid in relations
+                            if oid in snapshot_names and _first_name(history, oid) not in snapshot_names[oid]}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
-                         redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced)
+                         redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced,
+                         renamed=renamed)
     with _step("save the run; release the lease"):
         _finish(ledger, run_id, result, assembled.end_state, lease, started)
     return result

@@ -120,3 +120,33 @@ def test_a_snapshot_refuses_existing_mirrors_and_slots(spark: Any, pg15: PgClust
     assert [r[0] for r in pg15.query("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
                                      (f"{db}%",))] == [slot]  # the refused snapshot created no slot
     pg15.drop_slot(slot, dbname=db)
+
+
+def test_a_table_renamed_after_its_snapshot_is_named_and_a_resnapshot_mends_it(spark: Any, pg15: PgCluster,
+                                                                               tmp_path: Path) -> None:
+    """Renamed before any change of it was captured, the table's changes start a mirror of its
+    new name, without the snapshot's rows: the run says so; a re-snapshot under the new name
+    mends it, as the run's hint says."""
+    db = new_database(pg15, "renamed")
+    dsn, slot = pg15.conninfo(db), f"{db}_slot"
+    target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
+    pg15.execute("CREATE TABLE a (id int PRIMARY KEY, v text); INSERT INTO a SELECT g, 'v' || g FROM "
+                 "generate_series(1, 20) g; CREATE PUBLICATION p FOR ALL TABLES", dbname=db)
+    snapshot_tables(spark, target, slot=slot, publications=["p"], dsn=dsn)
+    pg15.execute("ALTER TABLE a RENAME TO b; UPDATE b SET v = 'renamed' WHERE id <= 3; DELETE FROM b WHERE id = 20",
+                 dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn, publications=["p"])
+    first = run_apply(spark, read_capture(spark, landing), target)
+    assert first.renamed == (("public.b", "public.a"),)
+    assert "renamed in the source after the snapshot, before any change of them was captured: public.b " \
+        "(snapshotted as public.a)" in first.render()
+    assert {t.table: (t.updated, t.deleted, t.skipped) for t in first.tables} == {"public.b": (0, 0, 4)}
+    snapshot_tables(spark, target, tables=["public.b"], publications=["p"], dsn=dsn)
+    pg15.execute("UPDATE b SET v = 'after the re-snapshot' WHERE id = 5", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    second = run_apply(spark, read_capture(spark, landing), target)
+    assert second.renamed == () and "renamed" not in second.render()
+    assert {t.table: (t.updated, t.skipped) for t in second.tables} == {"public.b": (1, 0)}
+    assert sorted(tuple(r) for r in mirror(spark, target, "public.b").collect()) == \
+        sorted(pg15.query("SELECT id, v FROM b", dbname=db))
+    pg15.drop_slot(slot, dbname=db)

@@ -81,8 +81,8 @@ class CaptureColumns:
 TASK_CAPTURE_ERROR = "pgoutput-spark capture error: "
 
 
-#: Text forms of the columns a capture may hold as PostgreSQL prints them: a pattern, what
-#: the value is, and its bigint value.
+#: Text forms of the columns a capture may hold as PostgreSQL prints them: the pattern a value
+#: must match, and what such a value is (for the error).
 _TEXT_FORMS = {
     "lsn": ("^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$", "an LSN (two hexadecimal numbers, e.g. 0/16B3748)"),
     "xid": ("^[0-9]{1,10}$", "a transaction id (a decimal number)"),

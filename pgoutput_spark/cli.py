@@ -18,28 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .capture import CaptureColumns, one_row_per_message, read_capture
 from .config import Config, load_config
-from .errors import ConfigError, DecodeError, PgoutputSparkError
+from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
-
-_TASK_ERROR = re.compile(r"pgoutput_spark\.errors\.(\w+): (.*)")
-
-
-def task_error(exc: BaseException) -> PgoutputSparkError | None:
-    """The pgoutput_spark error a Spark task raised, recovered from a PythonException."""
-    matches = _TASK_ERROR.findall(str(exc))
-    if not matches:
-        return None
-    name, message = matches[-1]
-    return DecodeError(message, field="", offset=-1) if name.endswith("DecodeError") else \
-        PgoutputSparkError(message)
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0])
@@ -411,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # Spark wraps errors raised inside tasks
         from .spark.session import spark_failure
 
-        recovered = task_error(exc) or spark_failure(error=exc)
+        recovered = spark_failure(error=exc)
         if recovered is None:
             raise
         return _failed(args, recovered)

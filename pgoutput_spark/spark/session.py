@@ -160,9 +160,9 @@ _TASK_OUT_OF_MEMORY = ("SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY", "jav
 
 def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
                   error: BaseException | None = None) -> PgoutputSparkError | None:
-    """The error to report when Spark stopped, a task ran out of memory, or a capture file
-    could not be read under a failing call (``error``, when given, is what the call raised);
-    else None.
+    """The error to report when Spark stopped, a Python task raised one of our errors, a task
+    ran out of memory, or a capture file could not be read under a failing call (``error``,
+    when given, is what the call raised); else None.
 
     A fatal error in a task (``java.lang.OutOfMemoryError``: the driver's heap was too small for
     the run) stops the SparkContext and ends its JVM with exit code 52; every later call then
@@ -182,8 +182,8 @@ def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:
-        return None if error is None else (
-            task_out_of_memory(error, sc.master) or unreadable_file(error) or capture_error(error))
+        return None if error is None else (python_task_error(error) or task_out_of_memory(error, sc.master)
+                                           or unreadable_file(error) or capture_error(error))
     proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
     code = None
     if proc is not None:
@@ -225,6 +225,35 @@ def unreadable_file(error: BaseException) -> CaptureError | None:
         f"any interrupted run")
 
 
+#: One of our errors as a Python task's traceback names it: ``pgoutput_spark.errors.DecodeError: ...``.
+_PYTHON_TASK_ERROR = re.compile(r"\b(pgoutput_spark(?:\.\w+)*)\.(\w+): (.*)")
+
+
+def python_task_error(error: BaseException) -> PgoutputSparkError | None:
+    """The pgoutput_spark error a Python task raised (a decode, a conversion), recovered with
+    its class and message from the ``PythonException`` Spark raises on the driver."""
+    import importlib
+
+    from ..errors import DecodeError
+
+    matches = _PYTHON_TASK_ERROR.findall(str(error))
+    if not matches:
+        return None
+    module, name, message = matches[-1]
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        cls = PgoutputSparkError
+    if not (isinstance(cls, type) and issubclass(cls, PgoutputSparkError)):
+        return None
+    try:
+        if issubclass(cls, DecodeError):  # its fields are gone: the message carries them
+            return cls(message, field="", offset=-1)
+        return cls(message)
+    except TypeError:  # a class that needs more than its message
+        return PgoutputSparkError(message)
+
+
 def capture_error(error: BaseException) -> CaptureError | None:
     """The `CaptureError` a Spark expression raised in a task (``capture.TASK_CAPTURE_ERROR``)."""
     from ..capture import TASK_CAPTURE_ERROR
@@ -256,9 +285,10 @@ def _driver_memory_text() -> str:
 
 def explains_spark_failures(func: Callable[..., T]) -> Callable[..., T]:
     """A job function (``spark`` first) whose failures that `spark_failure` explains (Spark
-    stopped, a task out of memory, an unreadable capture file) raise its error, Spark's
-    chained as the cause, instead of a Java trace or the error of whichever call found Spark
-    gone: what a notebook or a scheduler's Python task then shows."""
+    stopped, our error raised in a Python task, a task out of memory, an unreadable capture
+    file) raise its error, Spark's chained as the cause, instead of a Python worker's or Java
+    trace or the error of whichever call found Spark gone: what a notebook or a scheduler's
+    Python task then shows."""
 
     @functools.wraps(func)
     def job(spark: SparkSession, *args: Any, **kwargs: Any) -> T:

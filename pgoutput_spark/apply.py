@@ -4,7 +4,8 @@ Layout under the target root::
 
     <root>/<schema>/<table>/        one mirror per source table (`mirroring.delta.mirror_path`)
     <root>/_runs/                   one row per finished run (Delta; `status` prints it)
-    <root>/_pgoutput/lease/         the pipeline's position and the run holding it (one row)
+    <root>/_pgoutput/lease/         the pipeline's position, the run holding it and the capture
+                                    files the last run saw (one row)
     <root>/_pgoutput/relations/     every Relation / Type message seen
     <root>/_pgoutput/pending/       rows of transactions still open at the end of a run (the
                                     last two runs' only: `drop_saved_open_rows`)
@@ -44,7 +45,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import CaptureColumns, _is_delta, one_row_per_message, repeated_note
+from .capture import CaptureColumns, Landed, _is_delta, landed_files, late_note, one_row_per_message, repeated_note
 from .config import TablesConfig
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
@@ -104,13 +105,13 @@ class ConcurrentRunError(PgoutputSparkError):
 
 
 LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
-                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp")
+                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>")
 TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
                 "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
 RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
                f"to_lsn long, messages long, transactions long, quarantined_messages long, "
                f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
-               f"finished_at timestamp, duration_s double")
+               f"finished_at timestamp, duration_s double, new_files array<string>")
 SKIPPED_SCHEMA = "table string, relation_id long, seq long, op string, reason string, row string"
 
 
@@ -153,6 +154,8 @@ class ApplyResult:
     note: str | None = None  # what a bounded (backfill) slice did besides the plain case
     remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
+    # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
+    landed: Landed = field(default_factory=Landed)
 
     def render(self) -> str:
         if self.skipped:
@@ -168,6 +171,8 @@ class ApplyResult:
                  f"rows of open transactions carried over: {self.open_rows}"]
         if self.note:
             lines.insert(1, self.note)
+        if self.landed.late_rows:
+            lines.append(late_note(self.landed))
         if self.excluded:
             lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
         if self.tables:
@@ -231,6 +236,7 @@ class Lease:
     hi: int | None
     scan: ScanState
     applied_lsn: int | None
+    files: frozenset[str] | None = None  # the capture files the last finished run saw
 
 
 class Ledger:
@@ -239,6 +245,7 @@ class Ledger:
     def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
         self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
         self._snapshot_rows: list[tuple[int, str, int]] | None = None
+        self._lease_has_files = True
         self.lease_path = f"{self.root}/_pgoutput/lease"
         self.runs_path = f"{self.root}/_runs"
         self.relations_path = f"{self.root}/_pgoutput/relations"
@@ -279,21 +286,23 @@ class Ledger:
     def lease(self) -> Lease:
         if not _is_delta(self.spark, self.lease_path):
             first = self.spark.createDataFrame(
-                [(self.pipeline, "", "idle", None, None, None, None, None, None)], LEASE_SCHEMA)
+                [(self.pipeline, "", "idle", None, None, None, None, None, None, None)], LEASE_SCHEMA)
             try:
                 first.write.format("delta").mode("errorifexists").save(self.lease_path)
             except Exception as exc:  # another run created it first: read theirs
                 if not _is_delta(self.spark, self.lease_path):
                     raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
                                              f"{str(exc).splitlines()[0]}") from exc
-        rows = self.spark.read.format("delta").load(self.lease_path).where(
-            F.col("pipeline") == self.pipeline).collect()
+        leases = self.spark.read.format("delta").load(self.lease_path)
+        self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
+        rows = leases.where(F.col("pipeline") == self.pipeline).collect()
         if not rows:
             raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
                                      f"the target belongs to another pipeline")
         r = rows[0]
+        files = r.asDict().get("files")  # None: no run recorded them (or a lease from before they were)
         return Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
-                     r["applied_lsn"])
+                     r["applied_lsn"], None if files is None else frozenset(files))
 
     def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
         sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
@@ -315,10 +324,28 @@ class Ledger:
         self._update({"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
                       "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
 
-    def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None) -> None:
+    def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None,
+                files: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> None:
+        """Hand the lease back at ``hi``; ``files``: (new, gone) capture files since the last run's."""
+        new, gone = files
+        if not self._lease_has_files:
+            self._lease_has_files = True
+            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (files array<string>)")
+        seen = "coalesce(files, CAST(array() AS array<string>))"
+        if gone:
+            seen = f"array_except({seen}, {_string_array(gone)})"
         self._update({"status": "'idle'", "lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
-                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn)},
+                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
+                      "files": f"array_union({seen}, {_string_array(new)})"},
                      run_id, "record its end")
+
+    def slices(self) -> list[tuple[int, int, int]]:
+        """Each finished run's slice ``(lo, hi]`` and the messages it read (`capture.landed_files`)."""
+        if not _is_delta(self.spark, self.runs_path):
+            return []
+        return [(-2**63 if r[0] is None else r[0], r[1], r[2]) for r in self.spark.read.format("delta")
+                .load(self.runs_path).where(F.col("pipeline") == self.pipeline)
+                .select("lo_seq", "hi_seq", "messages").collect()]
 
     def history(self) -> RelationHistory:
         history = RelationHistory()
@@ -342,7 +369,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               slice_where: str | None = None, max_messages: int | None = None,
               net_task_rows: int = NET_TASK_ROWS,
               progress: Callable[[str], None] | None = None,
-              rebuild: tuple[str, ...] | list[str] = ()) -> ApplyResult:
+              rebuild: tuple[str, ...] | list[str] = (),
+              accept_late_files: bool = False) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
@@ -379,6 +407,12 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     run; a table that started from a (re-)snapshot, or that keeps a history,
     cannot be rebuilt this way (re-snapshot it). With nothing new in the
     capture the run rebuilds only.
+
+    Each run records the capture files it saw. Files that land after runs applied past
+    their seqs are checked (`capture.landed_files`): rows that repeat messages the runs
+    read are left out and counted; messages no run read fail the run with a `CaptureError`
+    before anything is written, unless ``accept_late_files`` (after a rebuild or
+    re-snapshot of the mirrors, or to let them go): the run then records those files.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -388,6 +422,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     with _step("read the lease"):
         lease = ledger.lease()
     lo = lease.lo
+    with _step("check the capture's new files"):  # before the claim: a bad landing leaves the target as it is
+        landed = landed_files(capture, columns or CaptureColumns(), lo, lease.files, ledger.slices,
+                              accept=accept_late_files)
     redone = lease.status == "running"
     note = None
     remaining = False  # max_messages ends this run before the capture (or its slice) ends
@@ -410,8 +447,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                     bounded = first + max_messages - 1
                     newer = newer.where(F.col("seq") <= bounded)
             hi = newer.agg(F.max("seq")).first()[0]
-        if hi is None and rebuild and lo is not None:
-            hi = lo  # nothing new: a run that only rebuilds
+        if hi is None and (rebuild or landed.unread) and lo is not None:
+            hi = lo  # nothing new: a run that only rebuilds, or records the files it accepted
         if hi is None:
             if end is not None and lo is not None and end <= lo:
                 return ApplyResult(lo, None, skipped=True, note=(
@@ -450,8 +487,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     try:
         result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
                       table_path, table_name, tables or TablesConfig(), say, history_path,
-                      _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows)
-        return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated)
+                      _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
+        return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated, landed=landed)
     finally:
         spark.conf.set("spark.sql.caseSensitive", case_sensitive)
         release(decoded)
@@ -483,7 +520,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
          say: Callable[[str], None], history_path: str, rebuild: _Rebuild,
-         net_task_rows: int = NET_TASK_ROWS) -> ApplyResult:
+         net_task_rows: int = NET_TASK_ROWS, landed: Landed = Landed()) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -627,7 +664,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                          redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced,
                          renamed=renamed)
     with _step("save the run; release the lease"):
-        _finish(ledger, run_id, result, assembled.end_state, lease, started)
+        _finish(ledger, run_id, result, assembled.end_state, lease, started, landed)
     return result
 
 
@@ -642,6 +679,11 @@ def _child_session(spark: SparkSession) -> SparkSession:
             except Exception:  # a static setting: the child has it from the context already
                 pass
     return child
+
+
+def _string_array(values: tuple[str, ...]) -> str:
+    """A Spark SQL array<string> of ``values``."""
+    return f"CAST(array({', '.join(sql_literal(v) for v in values)}) AS array<string>)"
 
 
 def _cannot_rebuild(name: str, reason: str) -> ConfigError:
@@ -937,13 +979,13 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
 
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,
-            started: float) -> None:
+            started: float, landed: Landed) -> None:
     spark = ledger.spark
     tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
                t.status) for t in result.tables]
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
-            tables, None, None, result.duration_s)]
+            tables, None, None, result.duration_s, list(landed.new_files))]
     frame = spark.createDataFrame(row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None
@@ -952,7 +994,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     else:
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
-    ledger.release(run_id, result.hi, end, applied)
+    ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))
 
 
 # -- status ---------------------------------------------------------------------------------------
@@ -1018,7 +1060,7 @@ def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool) -> 
     runs: list[dict[str, Any]] = []
     if _is_delta(spark, ledger.runs_path):
         rows = spark.read.format("delta").load(ledger.runs_path).where(
-            F.col("pipeline") == pipeline).orderBy("hi_seq").collect()
+            F.col("pipeline") == pipeline).orderBy("hi_seq").drop("new_files").collect()
         runs = [r.asDict(recursive=True) for r in rows]
     mirrors: dict[str, tuple[str, int]] = {}
     for run in runs:

@@ -24,13 +24,17 @@ the same seq, LSN and bytes are one message (`one_row_per_message`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
+from collections.abc import Callable, Set
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CaptureError
 
 if TYPE_CHECKING:  # Spark is imported only where a DataFrame is touched
     from pyspark.sql import Column, DataFrame, SparkSession
+
+_log = logging.getLogger(__name__)
 
 CaptureFormat = Literal["auto", "parquet", "delta"]
 
@@ -218,3 +222,131 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
         if type(exc).__name__ in ("AnalysisException", "PathNotFoundException"):
             raise CaptureError(f"can't read capture {path!r} as {format}: {exc}") from exc
         raise
+
+
+# -- files that land late ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A run's look at the capture's files against those earlier runs saw (`landed_files`)."""
+
+    # Files no earlier run saw (every file, on a first look): in the run's record, not in --json.
+    new_files: tuple[str, ...] = field(default=(), metadata={"json": False})
+    # Files earlier runs saw that are gone (a landing's retention, a compaction).
+    gone_files: tuple[str, ...] = field(default=(), metadata={"json": False})
+    late_rows: int = 0  # rows of new files at or below the position (no run reads them again)
+    unread: int = 0  # messages among them no run read (only with ``accept``; else an error)
+
+
+def late_note(landed: Landed) -> str:
+    """What a run's summary says of capture rows that landed after runs applied past them."""
+    read = landed.late_rows - landed.unread
+    return (f"files landed late: {landed.late_rows} rows at or below the target's position in files no "
+            f"earlier run saw, not read again"
+            + (f" ({read} repeat messages the runs read: a retried upload or a compaction)" if read > 0 else "")
+            + (f"; {landed.unread} messages no run read, accepted: the mirrors miss them unless "
+               f"rebuilt or re-snapshotted" if landed.unread else ""))
+
+
+def capture_files(capture: DataFrame) -> tuple[str, ...] | None:
+    """The files ``capture`` reads, as listed when it was read; None for a frame not read from
+    files (its file index is Spark's: a Delta capture's files of the version read)."""
+    try:
+        files = capture.inputFiles()
+    except Exception:  # a frame Spark cannot list: nothing to compare
+        return None
+    # Spark spells a local file file:///x here and file:/x in a row's _metadata.file_path.
+    return tuple(sorted({"file:/" + f[len("file:///"):] if f.startswith("file:///") else f for f in files})) or None
+
+
+_MIRRORS_REMEDY = ("rebuild the mirrors from the capture (--rebuild SCHEMA.TABLE, replaying it) or re-snapshot "
+                   "them, with --accept-late-files (accept_late_files=True) to go on")
+
+
+def landed_files(capture: DataFrame, columns: CaptureColumns, position: int | None,
+                 seen: Set[str] | None, slices: Callable[[], list[tuple[int, int, int]]], *,
+                 accept: bool = False, remedy: str = _MIRRORS_REMEDY) -> Landed:
+    """Check the capture's files that no earlier run saw for rows at or below ``position``.
+
+    A run reads the seqs after the target's position; a file that lands after runs applied
+    past its seqs (an upload retried after the next file landed, two writers landing out of
+    order) is never read. Its rows are harmless when they repeat messages the runs read (a
+    retried upload, a compaction of the landing), and lost otherwise: each run that took
+    part of their seqs (``slices()``: its slice ``(lo, hi]`` and the messages it read, called
+    only then) is compared with the messages its slice holds now. More now raises `CaptureError` naming
+    the files and slices, unless ``accept`` (the user rebuilt or re-snapshotted the
+    mirrors, or lets them go): then they are counted in `Landed.unread`. ``remedy`` ends the
+    error: what to do when the files belong to the capture.
+
+    ``seen``: the files earlier runs saw (None: no run recorded them; every file is new and
+    nothing is checked). Reads only the new files' seqs.
+    """
+    from pyspark.sql import functions as F
+
+    files = capture_files(capture)
+    if files is None:
+        return Landed()
+    new = tuple(f for f in files if seen is None or f not in seen)
+    gone = () if seen is None else tuple(sorted(set(seen).difference(files)))
+    if seen is None or position is None or not new:
+        return Landed(new, gone)
+    late = _late_file_seqs(capture, columns, new, position)
+    if not late:
+        return Landed(new, gone)
+    rows = sum(n for _, _, _, n in late)
+    spans = [(first, last) for _, first, last, _ in late]
+    touched = [(lo, hi, read) for lo, hi, read in slices()
+               if hi > lo and any(first <= hi and last > lo for first, last in spans)]
+    canonical = columns.select(capture)
+    held: dict[int, int] = {}
+    if touched:
+        insides = [(F.col("seq") > lo) & (F.col("seq") <= hi) for lo, hi, _ in touched]
+        which, anywhere = F.when(insides[0], F.lit(0)), insides[0]
+        for i, inside in enumerate(insides[1:], 1):
+            which, anywhere = which.when(inside, F.lit(i)), anywhere | inside
+        # The slices' bounds prune the capture's files by their seq statistics.
+        for r in canonical.where(anywhere).groupBy(which.alias("run")).agg(F.count_distinct("seq")).collect():
+            held[r[0]] = r[1]
+    short = [(lo, hi, read, held.get(i, 0)) for i, (lo, hi, read) in enumerate(touched) if held.get(i, 0) > read]
+    unread = sum(now - read for _, _, read, now in short)
+    # Rows of a file no recorded run's slice covers (the runs' records lost): none of them read.
+    unread += sum(n for _, first, last, n in late if not any(first <= hi and last > lo for lo, hi, _ in touched))
+    if unread and not accept:
+        names = "; ".join(f"{f} (seqs {first} to {last}, {n} rows)" for f, first, last, n in late[:3])
+        slices = "; ".join(f"the run of seqs {'up to' if lo < 0 else f'{lo + 1} to'} {hi} read {read} messages, "
+                           f"the capture holds {now} there now" for lo, hi, read, now in short[:3])
+        raise CaptureError(
+            f"capture files landed after the target applied past their seqs (position: seq {position}), "
+            f"with {unread} messages no run read: {names}{'; ...' if len(late) > 3 else ''}"
+            f"{': ' + slices if slices else ''}. The target misses those messages. If the files do not "
+            f"belong to this capture, remove them; if they do, {remedy}")
+    return Landed(new, gone, rows, unread)
+
+
+def _late_file_seqs(capture: DataFrame, columns: CaptureColumns, files: tuple[str, ...],
+                    position: int) -> list[tuple[str, int, int, int]]:
+    """(file, first seq, last seq, rows) of the rows of ``files`` at or below ``position``.
+
+    Reads those files alone: as Parquet (a Parquet capture's files, a Delta capture's data
+    files), else through the capture filtered on each row's file (Spark lists only those
+    files for a Parquet folder; a Delta capture, with column mapping, is scanned).
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    spark = capture.sparkSession
+    try:
+        frame = spark.read.parquet(*files).select(F.col("_metadata.file_path").alias("file"),
+                                                  F.col(columns.seq).cast("bigint").alias("seq"))
+    except AnalysisException:  # not Parquet, or the seq column under another physical name
+        try:
+            frame = capture.select(F.col("_metadata.file_path").alias("file"), F.col(columns.seq).cast("bigint")
+                                   .alias("seq")).where(F.col("file").isin(list(files)))
+        except AnalysisException:  # a frame made from the files' rows: they cannot be told apart
+            _log.warning("can't tell the rows of the capture's new files apart: files landed late are "
+                         "not checked in this run")
+            return []
+    rows = (frame.where(F.col("seq") <= position).groupBy("file")
+            .agg(F.min("seq"), F.max("seq"), F.count(F.lit(1))).orderBy(F.min("seq")).collect())
+    return [(r[0], r[1], r[2], r[3]) for r in rows]

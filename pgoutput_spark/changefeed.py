@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .capture import CaptureColumns, one_row_per_message, repeated_note
+from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
 from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
@@ -38,7 +38,7 @@ from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, release
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
-               "messages long, changes long, at timestamp")
+               "messages long, changes long, at timestamp, new_files array<string>")
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,13 @@ class ChangesResult:
     redone: bool = False  # this run redid an interrupted run's slice
     remaining: bool = False  # ``max_messages`` ended the run before the capture's end
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
+    # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
+    landed: Landed = field(default_factory=Landed)
 
     def render(self) -> str:
         if self.skipped:
-            return f"nothing new after seq {self.lo}: no Delta commit"
+            return f"nothing new after seq {self.lo}: no Delta commit" + (
+                f"\n{late_note(self.landed)}" if self.landed.unread else "")
         start = "the start" if self.lo is None else f"seq {self.lo}"
         lines = [f"capture slice: after {start} up to seq {self.hi}"
                  + (" (redoing an interrupted run)" if self.redone else ""),
@@ -64,6 +67,8 @@ class ChangesResult:
                  f"quarantined messages: {self.quarantined}",
                  f"rows of open transactions carried over: {self.open_rows}", "changes per table:"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.changes.items())]
+        if self.landed.late_rows:
+            lines.append(late_note(self.landed))
         if self.remaining:
             lines.append(f"more of the capture remains after seq {self.hi}: run again")
         return "\n".join(lines)
@@ -89,10 +94,11 @@ class _State:
         return self.spark.read.format("delta").load(self.runs).orderBy("at").collect()
 
     def record(self, status: str, lo: int, hi: int, scan: ScanState, messages: int = 0,
-               changes: int = 0) -> None:
-        row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None)]
+               changes: int = 0, new_files: tuple[str, ...] | None = None) -> None:
+        row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
+                None if new_files is None else list(new_files))]
         frame = self.spark.createDataFrame(row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
-        frame.write.format("delta").mode("append").save(self.runs)
+        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.runs)
 
     def history(self) -> RelationHistory:
         history = RelationHistory()
@@ -110,13 +116,18 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 columns: CaptureColumns | None = None, pipeline: str = "default",
                 on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
                 max_messages: int | None = None,
-                progress: Callable[[str], None] | None = None) -> ChangesResult:
+                progress: Callable[[str], None] | None = None,
+                accept_late_files: bool = False) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
     run takes the messages whose seq is below the next message's seq plus
     ``max_messages`` and says (``remaining``) when more remain.
     ``progress`` hears one line for the slice and one per change table written.
+
+    Capture files that land after runs wrote past their seqs are checked as by
+    `pgoutput_spark.apply.run_apply` (`capture.landed_files`): messages no run read fail
+    the run, unless ``accept_late_files`` (the change tables then go on without them).
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -128,6 +139,11 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     scan_in = ScanState(last["begin_seq"], last["stream_xid"]) if last else ScanState()
     lo = last["hi"] if last else None
     started = [r for r in runs if r["status"] == "started" and (lo is None or r["hi"] > lo)]
+    files = [r.asDict()["new_files"] for r in finished if r.asDict().get("new_files") is not None]
+    landed = landed_files(capture, columns or CaptureColumns(), lo, set().union(*files) if files else None,
+                          lambda: [(r["lo"], r["hi"], r["messages"]) for r in finished], accept=accept_late_files,
+                          remedy="start the change tables over in a new target, or run with "
+                                 "--accept-late-files (accept_late_files=True) to go on without them")
     remaining = False
     if started:  # an interrupted run: redo exactly its slice
         hi = started[-1]["hi"]
@@ -139,7 +155,9 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 newer = newer.where(F.col("seq") <= first + max_messages - 1)
         hi = newer.agg(F.max("seq")).first()[0]
         if hi is None:
-            return ChangesResult(lo, None, skipped=True)
+            if landed.unread and lo is not None:  # recorded, so that the next run goes on
+                state.record("finished", lo, lo, scan_in, new_files=landed.new_files)
+            return ChangesResult(lo, None, skipped=True, landed=landed)
         if max_messages is not None:
             remaining = canonical.where(F.col("seq") > hi).limit(1).count() > 0
     window = canonical.where(F.col("seq") <= hi)
@@ -154,14 +172,16 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if started else ""))
     try:
-        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say)
-        return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated)
+        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files)
+        return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
+                                   landed=landed)
     finally:
         release(decoded)
 
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
-           lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None]) -> ChangesResult:
+           lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None],
+           new_files: tuple[str, ...]) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
@@ -219,5 +239,5 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         txn_append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
-                 sum(counts.values()))
+                 sum(counts.values()), new_files)
     return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad)

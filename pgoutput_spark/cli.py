@@ -104,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--max-messages", type=_positive, metavar="N",
                          help="write the changes of at most N messages after the last run's; with "
                               "--until-caught-up, run until none remain")
+    changes.add_argument("--accept-late-files", action="store_true",
+                         help="go on past capture files that landed after runs wrote past their seqs "
+                              "(the change tables go on without their messages)")
     changes.add_argument("--until-caught-up", action="store_true",
                          help="run again after each bounded run until the capture is written")
     changes.add_argument("--master", help="Spark master (default from the configuration)")
@@ -123,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
                             "tasks by key, N rows each (default: apply.net_task_rows)")
     apply.add_argument("--rebuild", action="append", default=[], metavar="SCHEMA.TABLE",
                        help="rebuild this mirror from the start of the capture (repeatable)")
+    apply.add_argument("--accept-late-files", action="store_true",
+                       help="go on past capture files that landed after runs applied past their seqs "
+                            "(after rebuilding or re-snapshotting the mirrors they miss)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
     bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
     bounded.add_argument("--until-lsn", metavar="LSN", type=Lsn, help="end the slice at the last message at or before this LSN")
@@ -255,7 +261,8 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                          until_lsn=None if args.until_lsn is None else int(args.until_lsn),
                          slice_where=args.slice_where, max_messages=args.max_messages,
                          net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
-                         rebuild=rebuild.pop() if rebuild else [])
+                         rebuild=rebuild.pop() if rebuild else [],
+                         accept_late_files=args.accept_late_files)
 
     return _until_caught_up(once, args.until_caught_up, say)
 
@@ -276,7 +283,7 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
         lambda: run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
                             on_error=config.decode.on_error,  # type: ignore[arg-type]
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
-                            progress=say),
+                            progress=say, accept_late_files=args.accept_late_files),
         args.until_caught_up, say)
 
 
@@ -357,7 +364,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not f.name.startswith("_")}
+                if not f.name.startswith("_") and f.metadata.get("json", True)}
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

@@ -147,6 +147,12 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     result = json.loads(captured.out)
     assert (result["ok"], result["result"]["lo"], result["result"]["hi"]) == (True, None, 1808)
     assert {"shop.customers", "shop.orders"} <= {t["table"] for t in result["result"]["tables"]}
+    # The files the run saw go to its record in _runs, not to the JSON line.
+    assert result["result"]["landed"] == {"late_rows": 0, "unread": 0}
+    from pyspark.sql import SparkSession
+
+    recorded = SparkSession.getActiveSession().read.format("delta").load(f"{target}/_runs").first()["new_files"]
+    assert sorted(Path(f).name for f in recorded) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     assert "slice claimed: after the start up to seq 1808" in captured.err and "table 1/" in captured.err
     # A slice the target holds already: skipped, and said so.
     assert main(["apply", "--target", target, "--until-seq", "900", "--quiet"]) == 0

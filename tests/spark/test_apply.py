@@ -252,6 +252,39 @@ def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_wri
     assert (st.runs, st.position, st.running, st.mirrors) == ([], None, False, {})
 
 
+def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(spark, tmp_path):
+    """A lease written before runs recorded the capture's files (no ``files`` column): the
+    next run cannot tell new files from old, checks none and records them all; the run after
+    it finds a retried upload of the first file (the sample capture's files, landed one by
+    one; `test_apply_pg.py` lands late files that were never read)."""
+    import shutil
+    from pathlib import Path
+
+    from pgoutput_spark import read_capture
+
+    sample, landing, root = Path(__file__).parents[2] / "examples" / "sample_capture", tmp_path / "landing", \
+        str(tmp_path / "target")
+    landing.mkdir()
+
+    def run(*names: str) -> job.ApplyResult:
+        for name in names:
+            shutil.copy(sample / "part-00000.parquet" if name.startswith("0-") else sample / name, landing / name)
+        return run_apply(spark, read_capture(spark, str(landing)), root)
+
+    run("part-00000.parquet")
+    lease_path = f"{root}/_pgoutput/lease"
+    old = spark.read.format("delta").load(lease_path).drop("files")
+    old = spark.createDataFrame(old.collect(), old.schema)
+    old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(lease_path)
+    second = run("part-00001.parquet")
+    assert (len(second.landed.new_files), second.landed.late_rows) == (2, 0)
+    recorded = spark.read.format("delta").load(lease_path).first()["files"]
+    assert sorted(Path(f).name for f in recorded) == ["part-00000.parquet", "part-00001.parquet"]
+    third = run("0-retried.parquet", "part-00002.parquet")
+    assert (third.landed.late_rows, third.landed.unread) == (183, 0)  # the first file's rows, read by run 1
+    assert third.hi == 1808 and third.messages == 73
+
+
 def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):
     root = str(tmp_path / "target")
     capture = _frame(spark, _first_slice() + _second_slice())

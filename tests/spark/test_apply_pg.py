@@ -485,6 +485,80 @@ def test_a_landing_written_from_sql_with_text_lsns_and_xids(spark, pg15, tmp_pat
     assert mirror == sorted(pg15.query("SELECT id, v FROM t", dbname=db))
 
 
+@pytest.mark.parametrize("landing", ["parquet", "delta"])
+def test_files_landed_after_runs_applied_past_them(spark, pg15, tmp_path, landing):
+    """A landing whose files arrive out of order: the runs apply files 1, 3 and 4 of a
+    capture, the second run beside a retried upload of file 1, then file 2 lands. Its
+    messages were never read: the run fails naming the file, writing nothing. The retried
+    upload's rows repeat messages read: counted, no error. Rebuilding the mirrors with
+    ``accept_late_files`` replays file 2 in its place: the mirrors equal PostgreSQL's
+    tables, and later runs go on without the error."""
+    from pgoutput_spark.errors import CaptureError
+
+    db = new_database(pg15, f"late_{landing}")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE f (a int, b text);"
+                 " ALTER TABLE f REPLICA IDENTITY FULL; CREATE PUBLICATION pub FOR TABLE t, f", dbname=db)
+    slot = f"{db}_slot"  # slots are the cluster's: one of its own
+    pg15.create_slot(slot, dbname=db)
+    for statement in ("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 40) g;"
+                      " INSERT INTO f SELECT g % 4, 'f' FROM generate_series(1, 12) g",
+                      "UPDATE t SET v = 'late' WHERE id % 3 = 0; DELETE FROM t WHERE id % 7 = 0;"
+                      " DELETE FROM f WHERE a = 1",
+                      "INSERT INTO t SELECT g, 'v' || g FROM generate_series(41, 60) g",
+                      "UPDATE t SET v = 'four' WHERE id % 5 = 0; UPDATE f SET b = 'g' WHERE a = 2"):
+        pg15.execute(statement, dbname=db)
+    messages = pg15.peek_pgoutput(slot, publications=["pub"], proto_version=1, dbname=db)
+    pg15.drop_slot(slot, dbname=db)
+    begins = [i for i, m in enumerate(messages) if m.data[:1] == b"B"]
+    assert len(begins) == 4
+    files = [messages[i:j] for i, j in zip(begins, [*begins[1:], len(messages)])]
+    target, staged = str(tmp_path / "target"), tmp_path / "staged"
+    path = str(tmp_path / "landing")
+
+    def land(part: list[CapturedMessage], name: str) -> None:
+        (written,) = write_capture_parquet(part, staged / name)
+        if landing == "parquet":
+            Path(path).mkdir(exist_ok=True)
+            written.rename(Path(path) / f"{name}.parquet")
+        else:  # one append (one commit, new data files) per file landed
+            spark.read.parquet(str(written)).write.format("delta").mode("append").save(path)
+
+    def run(**options: Any) -> ApplyResult:
+        return run_apply(spark, read_capture(spark, path), target, **options)
+
+    def rows(table: str) -> tuple[list[tuple], list[tuple]]:
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
+        return sorted(tuple(r) for r in mirror), sorted(pg15.query(f"SELECT * FROM {table}", dbname=db))
+
+    land(files[0], "1")
+    land(files[2], "3")
+    first = run()
+    assert first.hi == files[2][-1].seq and first.landed.late_rows == 0
+    land(files[3], "4")
+    land(files[0], "1-retry")  # lands after the first run read file 1: its rows repeat messages read
+    second = run()
+    assert (second.lo, second.hi) == (first.hi, files[3][-1].seq)
+    assert (second.landed.late_rows, second.landed.unread) == (len(files[0]), 0)
+    assert "files landed late: " in second.render()
+    assert rows("t")[0] != rows("t")[1]  # the mirrors miss file 2, not landed yet
+
+    land(files[1], "2")
+    versions = commits(f"{target}/_runs")
+    with pytest.raises(CaptureError, match=rf"capture files landed after the target applied past their seqs "
+                                           rf"\(position: seq {second.hi}\), with {len(files[1])} messages "
+                                           rf"no run read: \S+ \(seqs {files[1][0].seq} to {files[1][-1].seq}, "
+                                           rf"{len(files[1])} rows\)"):
+        run()
+    assert commits(f"{target}/_runs") == versions and status(spark, target).running is False
+
+    rebuilt = run(rebuild=("public.t", "public.f"), accept_late_files=True)
+    assert rebuilt.landed.unread == len(files[1]) and rebuilt.hi == second.hi
+    for table in ("t", "f"):
+        mirror, source = rows(table)
+        assert mirror == source, table
+    assert run().skipped  # the late file is recorded: no error, nothing new
+
+
 def test_timestamp_without_time_zone(spark, pg15, tmp_path):
     """A small case of its own: a table whose type or names once broke every run touching it."""
     mirrors = _small_case(

@@ -78,6 +78,8 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
         result = run_changes(spark, read_capture(spark, str(landing)), target)
         assert not result.skipped and result.hi == messages[hi - 1].seq
         assert (result.messages, result.repeated_rows) == (hi - lo, repeated)
+        # The retry's rows of the file before were read by the run before: late, repeats.
+        assert (result.landed.late_rows, result.landed.unread) == ((lo - cuts[k - 1]) // 2 if k else 0, 0)
         saved.append(result.open_rows)
         # Open-transaction rows: only this run's and those it read (the previous run's) are kept.
         held = spark.read.format("delta").load(f"{target}/_pgoutput/pending").select("_run_hi").distinct()
@@ -96,6 +98,36 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     again = run_changes(spark, read_capture(spark, str(landing)), target)
     assert again.skipped
     assert {t: commits(f"{target}/_changes/public/{t}") for t in TABLES} == before
+
+
+def test_a_file_landed_after_runs_wrote_past_its_seqs_fails_the_run(spark, captured, tmp_path):
+    """A plain transaction's file lands after the runs read the files around it: the run
+    fails naming the file and writes nothing; with ``accept_late_files`` it is recorded
+    and the next run goes on."""
+    from pgoutput_spark.errors import CaptureError
+
+    messages, _ = captured
+    plain = [(b, next(i for i in range(b, len(messages)) if messages[i].data[:1] == b"C") + 1)
+             for b, m in enumerate(messages) if m.data[:1] == b"B"]
+    # One whose relations were described before it: the runs read its neighbours without it.
+    begin, end = next((b, e) for b, e in plain if not {m.data[:1] for m in messages[b:e]} & {b"R", b"Y"})
+    landing, target = tmp_path / "landing", str(tmp_path / "target")
+    _land(messages[:begin], tmp_path, landing, "00")
+    _land(messages[end:], tmp_path, landing, "02")
+    first = run_changes(spark, read_capture(spark, str(landing)), target)
+    assert first.messages == len(messages) - (end - begin)
+    _land(messages[begin:end], tmp_path, landing, "01")
+    runs = commits(f"{target}/_pgoutput/runs")
+    with pytest.raises(CaptureError, match=rf"with {end - begin} messages no run read: \S+01-part-00000.parquet "
+                                           rf"\(seqs {messages[begin].seq} to {messages[end - 1].seq}, "
+                                           rf"{end - begin} rows\): the run of seqs up to {messages[-1].seq} read "
+                                           rf"{first.messages} messages, the capture holds {len(messages)} there now"):
+        run_changes(spark, read_capture(spark, str(landing)), target)
+    assert commits(f"{target}/_pgoutput/runs") == runs
+    accepted = run_changes(spark, read_capture(spark, str(landing)), target, accept_late_files=True)
+    assert accepted.skipped and accepted.landed.unread == end - begin
+    assert "messages no run read, accepted" in accepted.render()
+    assert run_changes(spark, read_capture(spark, str(landing)), target).skipped
 
 
 def test_bounded_runs_cut_anywhere_equal_test_decoding(spark, captured, tmp_path):

@@ -241,12 +241,10 @@ class Landed:
 
 def late_note(landed: Landed) -> str:
     """What a run's summary says of capture rows that landed after runs applied past them."""
-    read = landed.late_rows - landed.unread
     return (f"files landed late: {landed.late_rows} rows at or below the target's position in files no "
-            f"earlier run saw, not read again"
-            + (f" ({read} repeat messages the runs read: a retried upload or a compaction)" if read > 0 else "")
-            + (f"; {landed.unread} messages no run read, accepted: the mirrors miss them unless "
-               f"rebuilt or re-snapshotted" if landed.unread else ""))
+            f"earlier run saw, not read again: "
+            + (f"{landed.unread} messages among them no run read, accepted (the target misses them)"
+               if landed.unread else "repeats of messages the runs read (a retried upload, a compaction)"))
 
 
 def capture_files(capture: DataFrame) -> tuple[str, ...] | None:
@@ -314,12 +312,12 @@ def landed_files(capture: DataFrame, columns: CaptureColumns, position: int | No
     unread += sum(n for _, first, last, n in late if not any(first <= hi and last > lo for lo, hi, _ in touched))
     if unread and not accept:
         names = "; ".join(f"{f} (seqs {first} to {last}, {n} rows)" for f, first, last, n in late[:3])
-        slices = "; ".join(f"the run of seqs {'up to' if lo < 0 else f'{lo + 1} to'} {hi} read {read} messages, "
-                           f"the capture holds {now} there now" for lo, hi, read, now in short[:3])
+        counted = "; ".join(f"the run of seqs {'up to' if lo < 0 else f'{lo + 1} to'} {hi} read {read} messages, "
+                            f"the capture holds {now} there now" for lo, hi, read, now in short[:3])
         raise CaptureError(
             f"capture files landed after the target applied past their seqs (position: seq {position}), "
             f"with {unread} messages no run read: {names}{'; ...' if len(late) > 3 else ''}"
-            f"{': ' + slices if slices else ''}. The target misses those messages. If the files do not "
+            f"{': ' + counted if counted else ''}. The target misses those messages. If the files do not "
             f"belong to this capture, remove them; if they do, {remedy}")
     return Landed(new, gone, rows, unread)
 

@@ -46,7 +46,7 @@ from workload import PROTO_VERSION, PUBLICATION, ROWS_PER_FILE, _Workload
 
 import pgoutput_spark
 from pgoutput_spark.decoder.messages import decode_message
-from pgoutput_spark.mirroring.delta import NET_TASK_ROWS
+from pgoutput_spark.mirroring.rows import NET_TASK_ROWS
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.decoder.protocol import MessageType
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet

@@ -54,9 +54,9 @@ def __getattr__(name: str) -> Any:
 
         return read_capture
     if name in ("mirror", "status"):
-        from . import apply
+        from . import reading
 
-        return getattr(apply, name)
+        return getattr(reading, name)
     if name == "changes":
         from .spark.changes import change_frames
 

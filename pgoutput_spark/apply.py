@@ -29,13 +29,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -45,47 +44,43 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import CaptureColumns, Landed, _is_delta, landed_files, late_note, one_row_per_message, repeated_note
+from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message
 from .config import TablesConfig
-from .errors import ConfigError, PgoutputSparkError
-from .lsn import Lsn
-from .mirroring.history import history_fields, history_frame, merge_history
-from .mirroring.net import TableSpec
+from .errors import ConfigError
+from .ledger import RUNS_SCHEMA, ConcurrentRunError, Lease, Ledger
 from .mirroring.delta import (
     DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
     METADATA_KEY,
-    NET_TASK_ROWS,
     CatalogError,
     SchemaPlan,
-    absolute_path,
     append,
     applied_commit,
     apply_schema,
     catalog_name,
     catalog_registered,
-    conflicting_operation,
-    converted_net_frame,
     merge,
     mirror_path,
-    moved_buckets,
-    net_tasks,
-    path_table,
-    txn_append,
-    net_frame,
-    quote,
     plan_schema,
-    pre_image,
+    quote,
     recorded_commits,
     register,
-    sql_literal,
     table_spec,
+    txn_append,
 )
-from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
+from .mirroring.history import history_fields, history_frame, merge_history
+from .mirroring.net import TableSpec
+from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
+from .reading import NotReadableError, Status, _started_by_snapshot, mirror, status
+from .results import ApplyResult, TableResult
+from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, release
 
+# The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
+__all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
+           "run_apply", "status"]
 
 _log = logging.getLogger(__name__)
 
@@ -98,264 +93,6 @@ def _step(what: str) -> Iterator[None]:
         yield
     finally:
         _log.info("%s: %.2f s", what, time.perf_counter() - started)
-
-
-class ConcurrentRunError(PgoutputSparkError):
-    """Another run holds or took the target's lease."""
-
-
-LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
-                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>")
-TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
-                "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
-RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
-               f"to_lsn long, messages long, transactions long, quarantined_messages long, "
-               f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
-               f"finished_at timestamp, duration_s double, new_files array<string>")
-SKIPPED_SCHEMA = "table string, relation_id long, seq long, op string, reason string, row string"
-
-
-@dataclass(frozen=True)
-class TableResult:
-    table: str
-    path: str
-    relation_id: int
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    skipped: int = 0
-    truncated: bool = False
-    status: str = "merged"  # merged | already applied
-    history: int | None = None  # versions written to the table's history (tables.history), if it has one
-    tasks: int = 1  # tasks its net change was spread over (`net_task_rows`)
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    lo: int | None
-    hi: int | None
-    from_lsn: int | None = None
-    to_lsn: int | None = None
-    messages: int = 0
-    transactions: int = 0
-    tables: list[TableResult] = field(default_factory=list)
-    quarantined_messages: int = 0
-    open_rows: int = 0
-    redone: bool = False
-    skipped: bool = False
-    duration_s: float = 0.0
-    excluded: tuple[str, ...] = ()  # tables with changes in the slice that tables.include/exclude leave out
-    # Mirrors that took changes of a table other than the one they started from, under the same
-    # name (the source table was dropped and created again), not re-snapshotted since (`_replaced`).
-    replaced: tuple[str, ...] = ()
-    # (name, name at its snapshot) of tables renamed after their snapshot and before their first
-    # captured change: their changes start a mirror of the new name.
-    renamed: tuple[tuple[str, str], ...] = ()
-    note: str | None = None  # what a bounded (backfill) slice did besides the plain case
-    remaining: bool = False  # max_messages ended the run before the capture (or its slice) ended
-    repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
-    # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
-    landed: Landed = field(default_factory=Landed)
-
-    def render(self) -> str:
-        if self.skipped:
-            return self.note or f"nothing new after seq {self.lo}: no Delta commit"
-        start = "the start" if self.lo is None else f"seq {self.lo}"
-        applied = ("no transaction committed in this slice" if self.from_lsn is None else
-                   f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}")
-        lines = [f"capture slice: after {start} up to seq {self.hi}"
-                 + (" (redoing an interrupted run)" if self.redone else ""),
-                 f"applied: {applied}", f"messages: {self.messages}{repeated_note(self.repeated_rows)}",
-                 f"transactions applied: {self.transactions}",
-                 f"quarantined messages: {self.quarantined_messages}",
-                 f"rows of open transactions carried over: {self.open_rows}"]
-        if self.note:
-            lines.insert(1, self.note)
-        if self.landed.late_rows:
-            lines.append(late_note(self.landed))
-        if self.excluded:
-            lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
-        if self.tables:
-            width = max(len(t.table) for t in self.tables)
-            lines.append(f"{'table':<{width}}  {'inserted':>9} {'updated':>9} {'deleted':>9} "
-                         f"{'skipped':>8}  note")
-            for t in sorted(self.tables, key=lambda t: t.table):
-                note = ", ".join(n for n in (("truncated" if t.truncated else ""),
-                                             ("" if t.status == "merged" else t.status),
-                                             ("" if t.history is None else f"history +{t.history} versions"),
-                                             ("" if t.tasks == 1 else f"net change in {t.tasks} tasks"))
-                                 if n)
-                lines.append(f"{t.table:<{width}}  {t.inserted:>9} {t.updated:>9} {t.deleted:>9} "
-                             f"{t.skipped:>8}  {note}".rstrip())
-        missing = sorted(t.table for t in self.tables if t.skipped)
-        if missing:
-            lines.append(_skipped_hint(missing))
-        if self.replaced:
-            lines.append(_replaced_hint(list(self.replaced)))
-        if self.renamed:
-            lines.append(_renamed_hint(list(self.renamed)))
-        lines.append(f"took {self.duration_s:.1f} s")
-        return "\n".join(lines)
-
-
-def _skipped_hint(tables: list[str]) -> str:
-    """What the run says when updates or deletes found no mirror row (``tables``: where)."""
-    return (f"skipped: updates or deletes that found no row in the mirror of {', '.join(tables)} "
-            f"(a PostgreSQL subscriber skips them too; each is kept with its reason in "
-            f"_pgoutput/skipped under the target). A table added to the publication with rows "
-            f"already in it (ALTER PUBLICATION ... ADD TABLE) sends none of those rows, and a "
-            f"mirror changed behind the pipeline's back misses some: `verify` shows which mirrors "
-            f"differ, a re-snapshot mends them (pgoutput-spark snapshot --table {tables[0]} ...)")
-
-
-def _replaced_hint(tables: list[str]) -> str:
-    """What the run says when a mirror took changes of a new table of its name (``tables``)."""
-    return (f"replaced in the source: {', '.join(tables)} took changes of a table that is not the "
-            f"one its mirror started from (another relation OID under the same name: the table was "
-            f"dropped and created again, or renamed and another created with its name); the mirror "
-            f"still holds the old table's rows, as a PostgreSQL subscriber's table would. `verify` "
-            f"shows the difference; a re-snapshot starts the mirror from the new table "
-            f"(pgoutput-spark snapshot --table {tables[0]} ...)")
-
-
-def _renamed_hint(tables: list[tuple[str, str]]) -> str:
-    """What the run says of tables renamed after their snapshot (``tables``: (name, old name))."""
-    names = ", ".join(f"{name} (snapshotted as {old})" for name, old in tables)
-    return (f"renamed in the source after the snapshot, before any change of them was captured: {names}. "
-            f"Their changes go to a mirror of the name they had when the capture first saw them, which "
-            f"lacks the snapshot's rows (updates and deletes of those rows are skipped); the mirror of "
-            f"the old name stays as it was. Re-snapshot them under their names now "
-            f"(pgoutput-spark snapshot --table {tables[0][0]} ...)")
-
-
-@dataclass(frozen=True)
-class Lease:
-    run_id: str
-    status: str  # idle | running
-    lo: int | None
-    hi: int | None
-    scan: ScanState
-    applied_lsn: int | None
-    files: frozenset[str] | None = None  # the capture files the last finished run saw
-
-
-class Ledger:
-    """The target's run state (see module doc)."""
-
-    def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
-        self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
-        self._snapshot_rows: list[tuple[int, str, int]] | None = None
-        self._lease_has_files = True
-        self.lease_path = f"{self.root}/_pgoutput/lease"
-        self.runs_path = f"{self.root}/_runs"
-        self.relations_path = f"{self.root}/_pgoutput/relations"
-        self.pending_path = f"{self.root}/_pgoutput/pending"
-        self.quarantine_path = f"{self.root}/_pgoutput/quarantine"
-        self.skipped_path = f"{self.root}/_pgoutput/skipped"
-        # The tables' threads share the skipped table: two first appends at once would both
-        # create it, and Delta fails one of them (a concurrent protocol change).
-        self.skipped_lock = threading.Lock()
-        self.snapshots_path = f"{self.root}/_pgoutput/snapshots"
-
-    def starts(self) -> dict[int, int]:
-        """Relation OID -> the LSN a (re-)snapshot left its mirror at (`slot.snapshot`)."""
-        starts: dict[int, int] = {}
-        for oid, _, lsn in self._snapshots():
-            starts[oid] = max(lsn, starts.get(oid, lsn))
-        return starts
-
-    def snapshot_sources(self) -> dict[str, int]:
-        """``schema.table`` -> the relation OID its mirror's latest (re-)snapshot copied."""
-        return {name: oid for oid, name, _ in sorted(self._snapshots(), key=lambda r: r[2])}
-
-    def snapshot_names(self) -> dict[int, set[str]]:
-        """Relation OID -> the ``schema.table`` names (re-)snapshots copied it under."""
-        names: dict[int, set[str]] = {}
-        for oid, name, _ in self._snapshots():
-            names.setdefault(oid, set()).add(name)
-        return names
-
-    def _snapshots(self) -> list[tuple[int, str, int]]:
-        """(relation OID, table, LSN) of every snapshot of this pipeline, read once per ledger."""
-        if self._snapshot_rows is None:
-            self._snapshot_rows = [] if not _is_delta(self.spark, self.snapshots_path) else [
-                (r[0], r[1], r[2]) for r in self.spark.read.format("delta").load(self.snapshots_path)
-                .where(F.col("pipeline") == self.pipeline).select("relation_id", "table", "lsn").collect()]
-        return self._snapshot_rows
-
-    def lease(self) -> Lease:
-        if not _is_delta(self.spark, self.lease_path):
-            first = self.spark.createDataFrame(
-                [(self.pipeline, "", "idle", None, None, None, None, None, None, None)], LEASE_SCHEMA)
-            try:
-                first.write.format("delta").mode("errorifexists").save(self.lease_path)
-            except Exception as exc:  # another run created it first: read theirs
-                if not _is_delta(self.spark, self.lease_path):
-                    raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
-                                             f"{str(exc).splitlines()[0]}") from exc
-        leases = self.spark.read.format("delta").load(self.lease_path)
-        self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
-        rows = leases.where(F.col("pipeline") == self.pipeline).collect()
-        if not rows:
-            raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
-                                     f"the target belongs to another pipeline")
-        r = rows[0]
-        files = r.asDict().get("files")  # None: no run recorded them (or a lease from before they were)
-        return Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
-                     r["applied_lsn"], None if files is None else frozenset(files))
-
-    def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
-        sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
-        try:
-            row = self.spark.sql(
-                f"UPDATE {path_table(self.lease_path)} SET {sets} "
-                f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
-        except Exception as exc:
-            if conflicting_operation(exc) is not None:
-                raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
-                                         f"run tried to {what}; nothing of this run was lost, "
-                                         f"re-run it") from exc
-            raise
-        if row is None or row[0] != 1:
-            raise ConcurrentRunError(f"another run on {self.root} took its lease before this run "
-                                     f"could {what}; re-run when it has finished")
-
-    def claim(self, lease: Lease, run_id: str, hi: int) -> None:
-        self._update({"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
-                      "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
-
-    def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None,
-                files: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> None:
-        """Hand the lease back at ``hi``; ``files``: (new, gone) capture files since the last run's."""
-        new, gone = files
-        if not self._lease_has_files:
-            self._lease_has_files = True
-            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (files array<string>)")
-        seen = "coalesce(files, CAST(array() AS array<string>))"
-        if gone:
-            seen = f"array_except({seen}, {_string_array(gone)})"
-        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
-                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
-                      "files": f"array_union({seen}, {_string_array(new)})"},
-                     run_id, "record its end")
-
-    def slices(self) -> list[tuple[int, int, int]]:
-        """Each finished run's slice ``(lo, hi]`` and the messages it read (`capture.landed_files`)."""
-        if not _is_delta(self.spark, self.runs_path):
-            return []
-        return [(-2**63 if r[0] is None else r[0], r[1], r[2]) for r in self.spark.read.format("delta")
-                .load(self.runs_path).where(F.col("pipeline") == self.pipeline)
-                .select("lo_seq", "hi_seq", "messages").collect()]
-
-    def history(self) -> RelationHistory:
-        history = RelationHistory()
-        if _is_delta(self.spark, self.relations_path):
-            history.add(versions_from_rows(self.spark.read.format("delta").load(self.relations_path)
-                                           .collect()))
-        return history
-
-    def pending(self, hi: int | None) -> DataFrame | None:
-        return saved_open_rows(self.spark, self.pending_path, hi)
 
 
 @explains_spark_failures
@@ -604,7 +341,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             for oid in relations:  # relations sharing a name share the mirror, one after another
                 by_path.setdefault(plans[oid].path, []).append(oid)
 
-            def mirror(oids: list[int]) -> list[TableResult]:
+            def write(oids: list[int]) -> list[TableResult]:
                 session = _child_session(spark)
                 out = []
                 for i, oid in enumerate(oids):
@@ -629,7 +366,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             groups = sorted(by_path.values(), key=lambda oids: -sum(n_changes[oid] for oid in oids))
             with _step(f"write {len(relations)} tables"), \
                     ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
-                for done in pool.map(mirror, groups):
+                for done in pool.map(write, groups):
                     for t in done:
                         results.append(t)
                         say(f"table {len(results)}/{len(relations)} {t.status}: {t.table} "
@@ -679,11 +416,6 @@ def _child_session(spark: SparkSession) -> SparkSession:
             except Exception:  # a static setting: the child has it from the context already
                 pass
     return child
-
-
-def _string_array(values: tuple[str, ...]) -> str:
-    """A Spark SQL array<string> of ``values``."""
-    return f"CAST(array({', '.join(sql_literal(v) for v in values)}) AS array<string>)"
 
 
 def _cannot_rebuild(name: str, reason: str) -> ConfigError:
@@ -995,177 +727,3 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))
-
-
-# -- status ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Status:
-    """A target's run history and its consistent read point."""
-
-    runs: list[dict[str, Any]]
-    read_point: int | None  # every mirror is complete up to this commit LSN
-    running: bool  # a run holds the lease (or died holding it)
-    position: int | None  # capture seq up to which runs have finished
-    mirrors: dict[str, tuple[str, int]] = field(default_factory=dict)  # table -> (path, rows)
-    # Transactions the last run left open (their rows wait in _pgoutput/pending for their end):
-    # (kind: streamed | prepared | block, xid, first seq, first LSN, rows), oldest first. One
-    # whose first seq stays while the position moves on may never end (see README).
-    open_transactions: list[tuple[str, int | None, int, int | None, int]] = field(default_factory=list)
-
-    def render(self, last: int = 10) -> str:
-        lines = []
-        point = "nothing applied yet" if self.read_point is None else str(Lsn(self.read_point))
-        lines.append(f"consistent read point: {point}")
-        lines.append(f"capture position: seq {self.position}" if self.position is not None
-                     else "capture position: start")
-        if self.running:
-            lines.append("a run is in progress, or the last one died: the next run redoes its slice")
-        lines.append(f"runs: {len(self.runs)}" + (f" (last {last})" if len(self.runs) > last else ""))
-        for r in self.runs[-last:]:
-            to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
-            changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
-            after = "the start" if r["lo_seq"] is None else f"seq {r['lo_seq']}"
-            lines.append(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  after {after} up to seq {r['hi_seq']}  "
-                         f"to {to}  messages {r['messages']}  transactions {r['transactions']}  "
-                         f"rows changed {changed}  skipped {r['quarantined_rows']}  "
-                         f"quarantined {r['quarantined_messages']}  {r['duration_s']:.1f} s")
-            for t in sorted(r["tables"] or [], key=lambda t: t["table"]):
-                lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
-                             + (f" skipped {t['skipped']}" if t["skipped"] else "")
-                             + (" truncated" if t["truncated"] else ""))
-        if self.open_transactions:
-            lines.append(f"open transactions carried to the next run: {len(self.open_transactions)}")
-            for kind, xid, seq, lsn, rows in self.open_transactions:
-                lines.append(f"  {kind} xid {xid} since seq {seq}"
-                             + ("" if lsn is None else f" (LSN {Lsn(lsn)})") + f", {rows} rows")
-        if self.mirrors:
-            lines.append("mirrors:")
-            width = max(len(t) for t in self.mirrors)
-            for table, (path, rows) in sorted(self.mirrors.items()):
-                lines.append(f"  {table:<{width}}  {rows:>9} rows  {path}")
-        return "\n".join(lines)
-
-
-def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
-    """The run history of ``target`` and the LSN up to which every mirror is complete."""
-    return _status(spark, target, pipeline, count=True)
-
-
-def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool) -> Status:
-    """`status`; without ``count``, each mirror's row count is left 0 (only its path is read)."""
-    ledger = Ledger(spark, target, pipeline)
-    lease = ledger.lease() if _is_delta(spark, ledger.lease_path) else None  # none before a first run
-    runs: list[dict[str, Any]] = []
-    if _is_delta(spark, ledger.runs_path):
-        rows = spark.read.format("delta").load(ledger.runs_path).where(
-            F.col("pipeline") == pipeline).orderBy("hi_seq").drop("new_files").collect()
-        runs = [r.asDict(recursive=True) for r in rows]
-    mirrors: dict[str, tuple[str, int]] = {}
-    for run in runs:
-        for t in run["tables"] or []:
-            mirrors[t["table"]] = (t["path"], 0)
-    if _is_delta(spark, ledger.snapshots_path):  # mirrors a snapshot made, changed by no run yet
-        snapshots = spark.read.format("delta").load(ledger.snapshots_path)
-        if "path" in snapshots.columns:  # recorded since the snapshot's first tables are too
-            for r in snapshots.where((F.col("pipeline") == pipeline) & F.col("path").isNotNull()).select(
-                    "table", "path").collect():
-                mirrors.setdefault(r["table"], (r["path"], 0))
-    for table, (path, _) in mirrors.items():
-        if count and _is_delta(spark, path):
-            mirrors[table] = (path, spark.read.format("delta").load(path).count())
-    if lease is None:
-        return Status(runs, None, False, None, mirrors)
-    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,
-                  _open_transactions(ledger.pending(lease.lo)))
-
-
-def _open_transactions(pending: DataFrame | None) -> list[tuple[str, int | None, int, int | None, int]]:
-    """`Status.open_transactions` from the rows a run saved (`Ledger.pending`)."""
-    if pending is None:
-        return []
-    kind = F.col("message_type")
-    rows = pending.groupBy(F.coalesce(F.col("top_xid"), F.col("block_seq")).alias("_txn"),
-                           F.col("top_xid").isNotNull().alias("_streamed")).agg(
-        F.max(kind.isin("prepare", "stream_prepare")).alias("prepared"),
-        F.max(F.coalesce(F.col("top_xid"), F.col("begin.xid"), F.col("prepare.xid"))).alias("xid"),
-        F.min("seq").alias("seq"), F.min("lsn").alias("lsn"), F.count(F.lit(1)).alias("rows"),
-    ).orderBy("seq").collect()
-    return [("prepared" if r["prepared"] else "streamed" if r["_streamed"] else "block", r["xid"], r["seq"],
-             r["lsn"], r["rows"]) for r in rows]
-
-
-# -- reading mirrors --------------------------------------------------------------------------------
-
-
-class NotReadableError(PgoutputSparkError):
-    """A mirror cannot show the source at the LSN asked for."""
-
-
-def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str | None = None,
-           pipeline: str = "default") -> DataFrame:
-    """The mirror of source table ``table`` (``schema.table``, as in the source) under ``target``.
-
-    With ``as_of_lsn``, the mirror as the source table was at that LSN, read by
-    Delta time travel: the version of the newest of the mirror's commits
-    whose recorded ``to_lsn`` (the run's last applied commit, or a
-    snapshot's consistent point) is at or before it. Runs apply whole
-    slices, so an LSN strictly inside a run's commit range (after its first
-    commit, before its last) cannot be shown and raises `NotReadableError`
-    naming the nearest LSNs that can, as does an LSN past the consistent read
-    point (not applied yet) or before a snapshot the mirror started from.
-    """
-    ledger = Ledger(spark, target, pipeline)
-    runs = _status(spark, target, pipeline, count=False)  # the mirrors' paths, not their rows
-    paths = {t: p for t, (p, _) in runs.mirrors.items()}
-    path = paths.get(table)
-    if path is None:  # a mirror no run or recorded snapshot wrote: its path by the default layout
-        schema, _, name = table.partition(".")
-        candidate = mirror_path(ledger.root, schema, name)
-        if not name or not _is_delta(spark, candidate):
-            known = ", ".join(sorted(paths)) or "none"
-            raise NotReadableError(f"no mirror of {table} under {target} (its mirrors: {known})")
-        path = candidate
-    if as_of_lsn is None:
-        return spark.read.format("delta").load(path)
-    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
-    commits = recorded_commits(spark, path, pipeline)
-    readable = sorted({lsn for _, lsn in commits} | {r["to_lsn"] for r in runs.runs if r["to_lsn"] is not None})
-    point = runs.read_point if runs.read_point is not None else max((lsn for _, lsn in commits), default=None)
-    if point is None or at > point:
-        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
-                               f"{'nothing applied' if point is None else Lsn(point)}")
-    for run in runs.runs:
-        if run["from_lsn"] is not None and run["from_lsn"] <= at < run["to_lsn"]:
-            before = max((lsn for lsn in readable if lsn < run["from_lsn"]), default=None)
-            raise NotReadableError(
-                f"{Lsn(at)} is inside the commits one run applied at once ({Lsn(run['from_lsn'])} .. "
-                f"{Lsn(run['to_lsn'])}): {table} can be read as of "
-                + (f"{Lsn(before)} or " if before is not None else "") + f"{Lsn(run['to_lsn'])}")
-    version = max((v for v, lsn in commits if lsn <= at), default=None)
-    if version is None:
-        if commits and _started_by_snapshot(spark, path):
-            # The snapshot's commit records the LSN before its consistent point (`slot.snapshot`).
-            raise NotReadableError(f"the mirror of {table} starts with the snapshot taken at "
-                                   f"{Lsn(commits[0][1] + 1)}, after {Lsn(at)}: it can be read as of "
-                                   f"{Lsn(commits[0][1])} or later")
-        # No change to the table was applied up to then: the source table held no rows.
-        return spark.read.format("delta").load(path).limit(0)
-    return spark.read.format("delta").option("versionAsOf", version).load(path)
-
-
-def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
-    """Whether the mirror's first commit that records what it applied is a snapshot's (the
-    snapshot's CREATE TABLE before it records nothing)."""
-    from .mirroring.delta import METADATA_KEY
-
-    for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select(
-            "userMetadata").collect():
-        try:
-            meta = json.loads(row[0] or "{}").get(METADATA_KEY)
-        except ValueError:
-            continue
-        if meta:
-            return bool(meta.get("snapshot"))
-    return False

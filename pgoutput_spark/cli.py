@@ -268,7 +268,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
 
 
 def run_status_command(config: Config, target: str) -> Any:
-    from .apply import status
+    from .reading import status
 
     spark = _spark(config)
     return status(spark, target, config.changes.pipeline)

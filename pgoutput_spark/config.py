@@ -63,7 +63,7 @@ class ApplyConfig:
     #: Where a table's history lives (``tables.history``), a template like ``table_path``.
     history_path: str = "{root}/_history/{schema}/{table}"
     #: A table with more change rows in a run has its net change spread over several tasks
-    #: by key (one task holds a table's rows at once); as `mirroring.delta.NET_TASK_ROWS`.
+    #: by key (one task holds a table's rows at once); as `mirroring.rows.NET_TASK_ROWS`.
     net_task_rows: int = 1_000_000
 
     def check(self, source: str) -> None:

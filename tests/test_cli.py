@@ -105,7 +105,7 @@ def test_config_errors_name_file_and_key(tmp_path):
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf["spark.sql.shuffle.partitions"] == "4"
     # The embedded default and the file that shows it say the same.
     assert load_config(ROOT / "conf" / "local.yaml").spark.conf == load_config(None).spark.conf
-    from pgoutput_spark.mirroring.delta import NET_TASK_ROWS
+    from pgoutput_spark.mirroring.rows import NET_TASK_ROWS
 
     assert load_config(ROOT / "conf" / "local.yaml").apply == load_config(None).apply
     assert load_config(None).apply.net_task_rows == NET_TASK_ROWS

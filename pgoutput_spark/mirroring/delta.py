@@ -10,8 +10,8 @@ rows takes 2.4 s with them and 0.9 s without on a 2,000-row mirror, 2.1 s
 and 1.3 s on a 2M-row one, and on a 10M-row mirror they only broke even
 (`benchmarks/deletion_vectors.py`, `benchmarks/README.md`).
 
-A run's MERGE into a mirror takes the rows of `pgoutput_spark.mirroring.net` and
-is idempotent: it carries the transaction identifier ``txnAppId`` =
+A run's MERGE into a mirror takes the net change of `pgoutput_spark.mirroring.net`
+(computed in Spark tasks by `pgoutput_spark.mirroring.rows`) and is idempotent: it carries the transaction identifier ``txnAppId`` =
 ``<pipeline>:relation:<oid>``, ``txnVersion`` = the run's applied commit LSN,
 and records the run's LSN and seq range as its commit's ``userMetadata``.
 """
@@ -20,26 +20,23 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.relations import RelationVersion
-from ..assemble.typed import META_NAMES
 from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
-from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
+from .net import TableSpec
 
 _log = logging.getLogger(__name__)
 
@@ -276,276 +273,6 @@ def apply_schema(spark: SparkSession, plan: SchemaPlan) -> None:
         while isinstance(data_type, T.ArrayType):  # Delta widens an array's elements, not the array
             name, data_type = f"{name}.element", data_type.elementType
         spark.sql(f"ALTER TABLE {target} ALTER COLUMN {name} TYPE {data_type.simpleString()}")
-
-
-# -- the run's rows -------------------------------------------------------------------------------
-
-
-def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec, *,
-              current_only: bool = False, everything: bool = False) -> DataFrame:
-    """The mirror's rows for the keys the run's updates and deletes look up, as change rows.
-
-    For a history table (`history`): ``current_only`` keeps its current versions, and
-    ``everything`` takes all of them, not only the looked-up keys (a run with a truncate).
-    """
-    old = F.col("_old")
-    k = [f"__pgoutput_spark_key_{i}" for i in range(len(spec.key))]  # clash-free names
-    if spec.mode == "keyed":
-        looked_up = typed.where(old.isNotNull()).select(
-            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)]).unionByName(
-            typed.where((F.col("_op") == "update") & old.isNull()).select(
-                *[F.col(quote(c)).alias(k[i]) for i, c in enumerate(spec.key)]))
-    else:
-        looked_up = typed.where(old.isNotNull()).select(
-            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
-    target = spark.read.format("delta").load(path)
-    if current_only:
-        target = target.where(F.col("_is_current"))
-    equal = [(F.col(quote(c)).eqNullSafe(F.col(k[i])) if spec.mode == "multiset"
-              else F.col(quote(c)) == F.col(k[i])) for i, c in enumerate(spec.key)]
-    condition = equal[0]
-    for more in equal[1:]:
-        condition = condition & more
-    rows = target if everything else target.join(looked_up.distinct(), condition, "left_semi")
-    schema = typed.schema
-    present = set(target.columns)
-    columns = []
-    for field in schema.fields:
-        name = field.name
-        if name == "_op":
-            value = F.lit("pre")
-        elif name in ("_commit_seq", "_seq"):
-            value = F.lit(-1).cast("long")
-        elif name == "_unchanged_toast":
-            value = F.array().cast(field.dataType)
-        elif name in META_NAMES:
-            value = F.lit(None).cast(field.dataType)
-        elif name in present:
-            value = F.col(quote(name)).cast(field.dataType)
-        else:
-            value = F.lit(None).cast(field.dataType)
-        columns.append(value.alias(name))
-    return rows.select(*columns)
-
-
-def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
-              arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None) -> DataFrame:
-    """The run's net rows for one table (schema `net.out_schema`), computed in one task, or
-    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`).
-
-    ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
-    (a new mirror, or a run with inserts only).
-    """
-    return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec),
-                    spec=spec, tasks=tasks, moved=moved)
-
-
-def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
-                        spec: TableSpec, arrow_schema: pa.Schema) -> DataFrame:
-    """`net_frame` without a pre-image, converting the table's raw change rows in the same task.
-
-    ``changes``: the table's `relation_rows`; ``convert``: `spark.changes.converter`
-    (to ``arrow_schema``). The typed rows never become Spark rows: one pass
-    through a Python task where converting in tasks of their own and netting
-    in another moves every typed row out of Arrow, through a shuffle and back.
-
-    The task reads ``changes``' partitions itself (a coalesce, not a shuffle), so they
-    should come from cached rows, as the committed changes of a run do: their filter
-    then runs in the task, and no row is written to shuffle files.
-    """
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches([convert(batch) for batch in batches], schema=arrow_schema)
-        yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
-
-    return changes.coalesce(1).mapInArrow(
-        run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
-
-
-def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
-             compute: Callable[[pa.Table], pa.Table], *, spec: TableSpec | None = None, tasks: int = 1,
-             moved: list[tuple[int, int]] | None = None) -> DataFrame:
-    """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task;
-    or, with ``tasks`` > 1, over each of ``tasks`` partitions of them by key (`by_key` with
-    ``spec`` and ``moved``)."""
-    rows = typed if pre is None else typed.unionByName(pre)
-    spread = tasks > 1
-    extra = []
-    if spread:
-        assert spec is not None
-        rows, extra = by_key(rows, spec, tasks, moved or []), [_BUCKET]
-    # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
-    # hand it positional names and give the batches their real names back inside.
-    rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names, *extra))
-    rows = rows.repartition(tasks, _BUCKET).drop(_BUCKET) if spread else rows.repartition(1)
-    schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        received = list(batches)  # the flags arrive NOT NULL: take the batches' own schema
-        table = pa.Table.from_batches(received) if received else schema.empty_table()
-        table = restore_null_arrays(table, flags)
-        table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
-        yield from compute(table).to_batches(max_chunksize=10_000)
-
-    return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
-
-
-#: Change rows of a table's run per net-change task, by default (`net_frame`'s ``tasks``): a
-#: task holds them all at once (the benchmark's Python workers, whose largest task holds
-#: `bench_wide`'s 518,400 rows of 20 columns, peak at 2.3-2.8 GB summed).
-NET_TASK_ROWS = 1_000_000
-
-#: Key buckets per task when a table's net change is spread over tasks (`by_key`): rows go to
-#: tasks by bucket, which Spark hashes again, so many buckets give tasks about as many keys each.
-BUCKETS_PER_TASK = 16
-_BUCKET = "__pgoutput_spark_bucket"
-
-
-def _identity(rows: DataFrame, spec: TableSpec, which: str) -> list[Column]:
-    """The identity (key) columns of each change row: ``old``, the row it looks up (its old
-    key or row where it has one, else its own), or ``new``, the row it leaves (a multiset's
-    unchanged TOAST values taken from its old row, as `net.prepare` does)."""
-    old, types = F.col("_old"), {f.name: f.dataType for f in rows.schema.fields}
-    out = []
-    for k in spec.key:
-        before, after = old.getField(k).cast(types[k]), F.col(quote(k))
-        if which == "old":
-            out.append(F.when(old.isNotNull(), before).otherwise(after))
-        elif spec.mode == "multiset":
-            out.append(F.when(F.array_contains(F.col("_unchanged_toast"), k), before).otherwise(after))
-        else:
-            out.append(after)
-    return out
-
-
-def _buckets(tasks: int) -> int:
-    """Key buckets of a net change spread over ``tasks`` tasks: `moved_buckets`' pairs are
-    buckets of this many, so `by_key` must use the same number."""
-    return tasks * BUCKETS_PER_TASK
-
-
-def _bucket(columns: list[Column], buckets: int) -> Column:
-    return F.pmod(F.hash(*columns), F.lit(buckets))
-
-
-def net_tasks(rows: int, updates: int, spec: TableSpec, net_task_rows: int) -> int:
-    """Tasks for a table's net change of ``rows`` change rows, ``updates`` of them updates:
-    ``ceil(rows / net_task_rows)``, but one for a multiset whose updates would join all its
-    buckets anyway (every update of a multiset moves its row to a random bucket, and a random
-    graph on B buckets is one group beyond about B ln B / 2 edges): spread, it would still be
-    one task, after a conversion of its rows in tasks of their own."""
-    tasks = max(1, -(-rows // net_task_rows))
-    buckets = _buckets(tasks)
-    if tasks > 1 and spec.mode == "multiset" and updates > buckets * math.log(buckets) / 2:
-        return 1
-    return tasks
-
-
-def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[int, int]]:
-    """The (from, to) key buckets of `by_key` of the run's updates that move a row to a key
-    in another bucket (a key change; for a multiset, any update)."""
-    buckets = _buckets(tasks)
-    pairs = typed.where((F.col("_op") == "update") & F.col("_old").isNotNull()).select(
-        _bucket(_identity(typed, spec, "old"), buckets).alias("a"),
-        _bucket(_identity(typed, spec, "new"), buckets).alias("b"))
-    return [(r["a"], r["b"]) for r in pairs.where(F.col("a") != F.col("b")).distinct().collect()]
-
-
-def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, int]]) -> DataFrame:
-    """``rows`` (change rows and pre-image) with a bucket (column `_BUCKET`) such that the rows
-    of one bucket hold every row of their keys, and a copy of every truncate in every bucket.
-
-    A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
-    joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
-    after its key changed meet in one task (`net.joined_buckets`).
-    """
-    buckets = _buckets(tasks)
-    joined = joined_buckets(buckets, moved)
-    bucket = F.when(F.col("_op") == "truncate", F.sequence(F.lit(0), F.lit(buckets - 1))).otherwise(
-        F.array(_bucket(_identity(rows, spec, "old"), buckets)))
-    rows = rows.select("*", F.explode(bucket).alias(_BUCKET))
-    if any(b != i for i, b in enumerate(joined)):
-        rows = rows.withColumn(_BUCKET, F.element_at(F.array(*[F.lit(b) for b in joined]), F.col(_BUCKET) + 1))
-    return rows
-
-
-#: Names of `arrays_without_nulls`' flag columns: the column, and the field of a struct column.
-_FLAG = "__pgoutput_spark_null_{}"
-
-
-def arrays_without_nulls(frame: DataFrame) -> tuple[DataFrame, dict[str, tuple[str, str | None]]]:
-    """``frame`` with each NULL array (top level, or a field of a top-level struct) sent as an
-    empty one beside a boolean flag column; a struct with array fields is never NULL either.
-
-    Spark's Arrow writer (Spark 4.0, Arrow Java 18) spends time quadratic in a run of NULL
-    array values within an Arrow batch: a NULL ``array<bigint>`` for 500,000 rows costs 3.5 s
-    at 10,000 rows per batch, 0.2 s if every other one is NULL (`benchmarks/README.md`).
-    Change rows have such runs: the old row of every insert, an array column of every
-    delete. Returns the frame and its flags (flag column -> (column, field or None)) for
-    `restore_null_arrays`.
-    """
-    columns, flags, extra = [], {}, []
-    for i, field in enumerate(frame.schema.fields):
-        column, t = F.col(f"`{field.name}`"), field.dataType
-        if isinstance(t, T.ArrayType):
-            flag = _FLAG.format(i)
-            flags[flag] = (field.name, None)
-            extra.append(column.isNull().alias(flag))
-            column = F.coalesce(column, F.array().cast(t))
-        elif isinstance(t, T.StructType) and any(isinstance(f.dataType, T.ArrayType) for f in t.fields):
-            flag = _FLAG.format(i)
-            flags[flag] = (field.name, None)
-            extra.append(column.isNull().alias(flag))
-            parts = []
-            for j, f in enumerate(t.fields):
-                value = column.getField(f.name)
-                if isinstance(f.dataType, T.ArrayType):
-                    inner = _FLAG.format(f"{i}_{j}")
-                    flags[inner] = (field.name, f.name)
-                    extra.append(value.isNull().alias(inner))
-                    value = F.coalesce(value, F.array().cast(f.dataType))
-                parts.append(value.alias(f.name))
-            column = F.struct(*parts)
-        columns.append(column.alias(field.name))
-    return (frame.select(*columns, *extra) if flags else frame), flags
-
-
-def _with_nulls(array: pa.Array, null: pa.Array) -> pa.Array:
-    """``array`` (a list or struct array) with NULL where ``null`` is true."""
-    if not pc.any(null).as_py():
-        return array
-    mask = pc.or_(null, array.is_null())
-    if isinstance(array, (pa.ListArray, pa.LargeListArray)):
-        return type(array).from_arrays(array.offsets, array.values, type=array.type, mask=mask)
-    return pa.StructArray.from_arrays(array.flatten(), fields=list(array.type), mask=mask)
-
-
-def restore_null_arrays(table: pa.Table, flags: dict[str, tuple[str, str | None]]) -> pa.Table:
-    """The inverse of `arrays_without_nulls` on the Arrow side: NULLs back, flag columns gone."""
-    if not flags:
-        return table
-
-    def whole(name: str) -> pa.Array:
-        return _one_array(table.column(name))
-
-    columns = {name: whole(name) for name in {name for name, _ in flags.values()}}
-    for flag, (name, field) in flags.items():  # fields of a struct first, then the struct
-        if field is not None:
-            struct = columns[name]
-            at = struct.type.get_field_index(field)
-            children = struct.flatten()
-            children[at] = _with_nulls(children[at], whole(flag))
-            columns[name] = pa.StructArray.from_arrays(children, fields=list(struct.type))
-    for flag, (name, field) in flags.items():
-        if field is None:
-            columns[name] = _with_nulls(columns[name], whole(flag))
-    for name, array in columns.items():
-        at = table.schema.get_field_index(name)
-        table = table.set_column(at, table.schema.field(at), array)
-    return table.drop_columns(list(flags))
-
-
-def _positional(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f.with_name(f"c{i}") for i, f in enumerate(schema)])
 
 
 # -- merge ------------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema
                   moved: list[tuple[int, int]] | None = None) -> Any:
     """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
     `delta.net_frame`: a key's versions depend on its own changes and the truncates only)."""
-    from .delta import in_tasks
+    from .rows import in_tasks
 
     return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),
                     lambda rows: history_changes(rows, spec), spec=spec, tasks=tasks, moved=moved)

@@ -155,10 +155,9 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     primary-key values whose rows differ. `selection` (the configuration's ``tables``): the tables
     mirrored, and the columns kept as text.
     """
-    from ..apply import status
-    from ..mirroring.delta import DEFAULT_TABLE_PATH, mirror_path
-
     from ..capture import _is_delta
+    from ..mirroring.delta import DEFAULT_TABLE_PATH, mirror_path
+    from ..reading import status
 
     store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
     info = store.info()
@@ -260,7 +259,8 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
-    from ..mirroring.delta import arrays_without_nulls, quote, restore_null_arrays
+    from ..mirroring.delta import quote
+    from ..mirroring.rows import arrays_without_nulls, restore_null_arrays
 
     if not _is_delta(spark, path):
         return None

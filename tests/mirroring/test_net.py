@@ -220,7 +220,7 @@ def test_joined_buckets_go_with_the_smallest_bucket_they_are_linked_to():
 
 
 def test_a_multiset_whose_updates_would_join_every_bucket_stays_in_one_task():
-    from pgoutput_spark.mirroring.delta import net_tasks
+    from pgoutput_spark.mirroring.rows import net_tasks
 
     assert [net_tasks(rows, 0, KEYED, 1000) for rows in (0, 1000, 1001, 5500)] == [1, 1, 2, 6]
     assert net_tasks(5500, 5000, KEYED, 1000) == 6  # keyed: only key changes move rows (measured later)

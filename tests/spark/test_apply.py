@@ -15,6 +15,7 @@ from pyspark.sql import types as T
 from pgoutput_spark import apply as job
 from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
 from pgoutput_spark.mirroring import delta as mirror_delta
+from pgoutput_spark.mirroring import rows as mirror_rows
 from pgoutput_spark.mirroring.delta import SchemaChangeError
 
 from ..decoder import builders as b
@@ -449,14 +450,14 @@ def test_one_task_gets_null_arrays_and_structs_back_as_they_were(spark):
     def compute(table):
         return pa.table({"rows": [json.dumps(table.to_pylist())]})
 
-    out = mirror_delta.in_tasks(frame, None, to_arrow_schema(frame.schema), pa.schema([("rows", pa.string())]),
+    out = mirror_rows.in_tasks(frame, None, to_arrow_schema(frame.schema), pa.schema([("rows", pa.string())]),
                                 compute)
     seen = sorted(json.loads(out.collect()[0]["rows"]), key=lambda r: r["id"])
     assert seen == json.loads(json.dumps(frame.toArrow().to_pylist()))
     assert [r["tags"] for r in seen[:3]] == [None, [], ["x", None]]
     assert [r["old"] for r in seen[:3]] == [None, {"a": 1, "tags": None, "w": None},
                                            {"a": None, "tags": [], "w": {"m": 4}}]
-    assert mirror_delta.arrays_without_nulls(spark.createDataFrame([(1, "a")], "id long, s string"))[1] == {}
+    assert mirror_rows.arrays_without_nulls(spark.createDataFrame([(1, "a")], "id long, s string"))[1] == {}
 
 
 def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path, monkeypatch):

@@ -1,0 +1,171 @@
+"""A target's run state: the lease that orders runs, the run rows, and the tables they keep.
+
+Under the target root (the full layout is in `pgoutput_spark.apply`'s docstring):
+``_pgoutput/lease`` (one row per pipeline: its position, the run holding it, the
+capture files the last run saw), ``_runs`` (one row per finished run),
+``_pgoutput/relations``, ``_pgoutput/pending``, ``_pgoutput/quarantine``,
+``_pgoutput/skipped`` and ``_pgoutput/snapshots`` (what `slot.snapshot` copied).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .assemble.relations import RelationHistory, versions_from_rows
+from .capture import _is_delta
+from .errors import PgoutputSparkError
+from .mirroring.delta import absolute_path, conflicting_operation, path_table, sql_literal
+from .spark.assemble import ScanState, saved_open_rows
+
+
+class ConcurrentRunError(PgoutputSparkError):
+    """Another run holds or took the target's lease."""
+
+
+LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
+                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>")
+TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
+                "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
+RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
+               f"to_lsn long, messages long, transactions long, quarantined_messages long, "
+               f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
+               f"finished_at timestamp, duration_s double, new_files array<string>")
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    status: str  # idle | running
+    lo: int | None
+    hi: int | None
+    scan: ScanState
+    applied_lsn: int | None
+    files: frozenset[str] | None = None  # the capture files the last finished run saw
+
+
+class Ledger:
+    """The target's run state (see module doc)."""
+
+    def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
+        self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
+        self._snapshot_rows: list[tuple[int, str, int]] | None = None
+        self._lease_has_files = True
+        self.lease_path = f"{self.root}/_pgoutput/lease"
+        self.runs_path = f"{self.root}/_runs"
+        self.relations_path = f"{self.root}/_pgoutput/relations"
+        self.pending_path = f"{self.root}/_pgoutput/pending"
+        self.quarantine_path = f"{self.root}/_pgoutput/quarantine"
+        self.skipped_path = f"{self.root}/_pgoutput/skipped"
+        # The tables' threads share the skipped table: two first appends at once would both
+        # create it, and Delta fails one of them (a concurrent protocol change).
+        self.skipped_lock = threading.Lock()
+        self.snapshots_path = f"{self.root}/_pgoutput/snapshots"
+
+    def starts(self) -> dict[int, int]:
+        """Relation OID -> the LSN a (re-)snapshot left its mirror at (`slot.snapshot`)."""
+        starts: dict[int, int] = {}
+        for oid, _, lsn in self._snapshots():
+            starts[oid] = max(lsn, starts.get(oid, lsn))
+        return starts
+
+    def snapshot_sources(self) -> dict[str, int]:
+        """``schema.table`` -> the relation OID its mirror's latest (re-)snapshot copied."""
+        return {name: oid for oid, name, _ in sorted(self._snapshots(), key=lambda r: r[2])}
+
+    def snapshot_names(self) -> dict[int, set[str]]:
+        """Relation OID -> the ``schema.table`` names (re-)snapshots copied it under."""
+        names: dict[int, set[str]] = {}
+        for oid, name, _ in self._snapshots():
+            names.setdefault(oid, set()).add(name)
+        return names
+
+    def _snapshots(self) -> list[tuple[int, str, int]]:
+        """(relation OID, table, LSN) of every snapshot of this pipeline, read once per ledger."""
+        if self._snapshot_rows is None:
+            self._snapshot_rows = [] if not _is_delta(self.spark, self.snapshots_path) else [
+                (r[0], r[1], r[2]) for r in self.spark.read.format("delta").load(self.snapshots_path)
+                .where(F.col("pipeline") == self.pipeline).select("relation_id", "table", "lsn").collect()]
+        return self._snapshot_rows
+
+    def lease(self) -> Lease:
+        if not _is_delta(self.spark, self.lease_path):
+            first = self.spark.createDataFrame(
+                [(self.pipeline, "", "idle", None, None, None, None, None, None, None)], LEASE_SCHEMA)
+            try:
+                first.write.format("delta").mode("errorifexists").save(self.lease_path)
+            except Exception as exc:  # another run created it first: read theirs
+                if not _is_delta(self.spark, self.lease_path):
+                    raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
+                                             f"{str(exc).splitlines()[0]}") from exc
+        leases = self.spark.read.format("delta").load(self.lease_path)
+        self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
+        rows = leases.where(F.col("pipeline") == self.pipeline).collect()
+        if not rows:
+            raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
+                                     f"the target belongs to another pipeline")
+        r = rows[0]
+        files = r.asDict().get("files")  # None: no run recorded them (or a lease from before they were)
+        return Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
+                     r["applied_lsn"], None if files is None else frozenset(files))
+
+    def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
+        sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
+        try:
+            row = self.spark.sql(
+                f"UPDATE {path_table(self.lease_path)} SET {sets} "
+                f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
+        except Exception as exc:
+            if conflicting_operation(exc) is not None:
+                raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
+                                         f"run tried to {what}; nothing of this run was lost, "
+                                         f"re-run it") from exc
+            raise
+        if row is None or row[0] != 1:
+            raise ConcurrentRunError(f"another run on {self.root} took its lease before this run "
+                                     f"could {what}; re-run when it has finished")
+
+    def claim(self, lease: Lease, run_id: str, hi: int) -> None:
+        self._update({"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
+                      "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
+
+    def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None,
+                files: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> None:
+        """Hand the lease back at ``hi``; ``files``: (new, gone) capture files since the last run's."""
+        new, gone = files
+        if not self._lease_has_files:
+            self._lease_has_files = True
+            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (files array<string>)")
+        seen = "coalesce(files, CAST(array() AS array<string>))"
+        if gone:
+            seen = f"array_except({seen}, {_string_array(gone)})"
+        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
+                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
+                      "files": f"array_union({seen}, {_string_array(new)})"},
+                     run_id, "record its end")
+
+    def slices(self) -> list[tuple[int, int, int]]:
+        """Each finished run's slice ``(lo, hi]`` and the messages it read (`capture.landed_files`)."""
+        if not _is_delta(self.spark, self.runs_path):
+            return []
+        return [(-2**63 if r[0] is None else r[0], r[1], r[2]) for r in self.spark.read.format("delta")
+                .load(self.runs_path).where(F.col("pipeline") == self.pipeline)
+                .select("lo_seq", "hi_seq", "messages").collect()]
+
+    def history(self) -> RelationHistory:
+        history = RelationHistory()
+        if _is_delta(self.spark, self.relations_path):
+            history.add(versions_from_rows(self.spark.read.format("delta").load(self.relations_path)
+                                           .collect()))
+        return history
+
+    def pending(self, hi: int | None) -> DataFrame | None:
+        return saved_open_rows(self.spark, self.pending_path, hi)
+
+
+def _string_array(values: tuple[str, ...]) -> str:
+    """A Spark SQL array<string> of ``values``."""
+    return f"CAST(array({', '.join(sql_literal(v) for v in values)}) AS array<string>)"

@@ -1,0 +1,186 @@
+"""Reading a target: `status` (its runs and consistent read point) and `mirror` (a mirror,
+now or as of a source LSN)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .capture import _is_delta
+from .errors import PgoutputSparkError
+from .ledger import Ledger
+from .lsn import Lsn
+from .mirroring.delta import METADATA_KEY, mirror_path, path_table, recorded_commits
+
+
+@dataclass(frozen=True)
+class Status:
+    """A target's run history and its consistent read point."""
+
+    runs: list[dict[str, Any]]
+    read_point: int | None  # every mirror is complete up to this commit LSN
+    running: bool  # a run holds the lease (or died holding it)
+    position: int | None  # capture seq up to which runs have finished
+    mirrors: dict[str, tuple[str, int]] = field(default_factory=dict)  # table -> (path, rows)
+    # Transactions the last run left open (their rows wait in _pgoutput/pending for their end):
+    # (kind: streamed | prepared | block, xid, first seq, first LSN, rows), oldest first. One
+    # whose first seq stays while the position moves on may never end (see README).
+    open_transactions: list[tuple[str, int | None, int, int | None, int]] = field(default_factory=list)
+
+    def render(self, last: int = 10) -> str:
+        lines = []
+        point = "nothing applied yet" if self.read_point is None else str(Lsn(self.read_point))
+        lines.append(f"consistent read point: {point}")
+        lines.append(f"capture position: seq {self.position}" if self.position is not None
+                     else "capture position: start")
+        if self.running:
+            lines.append("a run is in progress, or the last one died: the next run redoes its slice")
+        lines.append(f"runs: {len(self.runs)}" + (f" (last {last})" if len(self.runs) > last else ""))
+        for r in self.runs[-last:]:
+            to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
+            changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
+            after = "the start" if r["lo_seq"] is None else f"seq {r['lo_seq']}"
+            lines.append(f"  {r['finished_at']:%Y-%m-%d %H:%M:%S}  after {after} up to seq {r['hi_seq']}  "
+                         f"to {to}  messages {r['messages']}  transactions {r['transactions']}  "
+                         f"rows changed {changed}  skipped {r['quarantined_rows']}  "
+                         f"quarantined {r['quarantined_messages']}  {r['duration_s']:.1f} s")
+            for t in sorted(r["tables"] or [], key=lambda t: t["table"]):
+                lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
+                             + (f" skipped {t['skipped']}" if t["skipped"] else "")
+                             + (" truncated" if t["truncated"] else ""))
+        if self.open_transactions:
+            lines.append(f"open transactions carried to the next run: {len(self.open_transactions)}")
+            for kind, xid, seq, lsn, rows in self.open_transactions:
+                lines.append(f"  {kind} xid {xid} since seq {seq}"
+                             + ("" if lsn is None else f" (LSN {Lsn(lsn)})") + f", {rows} rows")
+        if self.mirrors:
+            lines.append("mirrors:")
+            width = max(len(t) for t in self.mirrors)
+            for table, (path, rows) in sorted(self.mirrors.items()):
+                lines.append(f"  {table:<{width}}  {rows:>9} rows  {path}")
+        return "\n".join(lines)
+
+
+def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
+    """The run history of ``target`` and the LSN up to which every mirror is complete."""
+    return _status(spark, target, pipeline, count=True)
+
+
+def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool) -> Status:
+    """`status`; without ``count``, each mirror's row count is left 0 (only its path is read)."""
+    ledger = Ledger(spark, target, pipeline)
+    lease = ledger.lease() if _is_delta(spark, ledger.lease_path) else None  # none before a first run
+    runs: list[dict[str, Any]] = []
+    if _is_delta(spark, ledger.runs_path):
+        rows = spark.read.format("delta").load(ledger.runs_path).where(
+            F.col("pipeline") == pipeline).orderBy("hi_seq").drop("new_files").collect()
+        runs = [r.asDict(recursive=True) for r in rows]
+    mirrors: dict[str, tuple[str, int]] = {}
+    for run in runs:
+        for t in run["tables"] or []:
+            mirrors[t["table"]] = (t["path"], 0)
+    if _is_delta(spark, ledger.snapshots_path):  # mirrors a snapshot made, changed by no run yet
+        snapshots = spark.read.format("delta").load(ledger.snapshots_path)
+        if "path" in snapshots.columns:  # recorded since the snapshot's first tables are too
+            for r in snapshots.where((F.col("pipeline") == pipeline) & F.col("path").isNotNull()).select(
+                    "table", "path").collect():
+                mirrors.setdefault(r["table"], (r["path"], 0))
+    for table, (path, _) in mirrors.items():
+        if count and _is_delta(spark, path):
+            mirrors[table] = (path, spark.read.format("delta").load(path).count())
+    if lease is None:
+        return Status(runs, None, False, None, mirrors)
+    return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,
+                  _open_transactions(ledger.pending(lease.lo)))
+
+
+def _open_transactions(pending: DataFrame | None) -> list[tuple[str, int | None, int, int | None, int]]:
+    """`Status.open_transactions` from the rows a run saved (`Ledger.pending`)."""
+    if pending is None:
+        return []
+    kind = F.col("message_type")
+    rows = pending.groupBy(F.coalesce(F.col("top_xid"), F.col("block_seq")).alias("_txn"),
+                           F.col("top_xid").isNotNull().alias("_streamed")).agg(
+        F.max(kind.isin("prepare", "stream_prepare")).alias("prepared"),
+        F.max(F.coalesce(F.col("top_xid"), F.col("begin.xid"), F.col("prepare.xid"))).alias("xid"),
+        F.min("seq").alias("seq"), F.min("lsn").alias("lsn"), F.count(F.lit(1)).alias("rows"),
+    ).orderBy("seq").collect()
+    return [("prepared" if r["prepared"] else "streamed" if r["_streamed"] else "block", r["xid"], r["seq"],
+             r["lsn"], r["rows"]) for r in rows]
+
+
+# -- reading mirrors --------------------------------------------------------------------------------
+
+
+class NotReadableError(PgoutputSparkError):
+    """A mirror cannot show the source at the LSN asked for."""
+
+
+def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str | None = None,
+           pipeline: str = "default") -> DataFrame:
+    """The mirror of source table ``table`` (``schema.table``, as in the source) under ``target``.
+
+    With ``as_of_lsn``, the mirror as the source table was at that LSN, read by
+    Delta time travel: the version of the newest of the mirror's commits
+    whose recorded ``to_lsn`` (the run's last applied commit, or a
+    snapshot's consistent point) is at or before it. Runs apply whole
+    slices, so an LSN strictly inside a run's commit range (after its first
+    commit, before its last) cannot be shown and raises `NotReadableError`
+    naming the nearest LSNs that can, as does an LSN past the consistent read
+    point (not applied yet) or before a snapshot the mirror started from.
+    """
+    ledger = Ledger(spark, target, pipeline)
+    runs = _status(spark, target, pipeline, count=False)  # the mirrors' paths, not their rows
+    paths = {t: p for t, (p, _) in runs.mirrors.items()}
+    path = paths.get(table)
+    if path is None:  # a mirror no run or recorded snapshot wrote: its path by the default layout
+        schema, _, name = table.partition(".")
+        candidate = mirror_path(ledger.root, schema, name)
+        if not name or not _is_delta(spark, candidate):
+            known = ", ".join(sorted(paths)) or "none"
+            raise NotReadableError(f"no mirror of {table} under {target} (its mirrors: {known})")
+        path = candidate
+    if as_of_lsn is None:
+        return spark.read.format("delta").load(path)
+    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
+    commits = recorded_commits(spark, path, pipeline)
+    readable = sorted({lsn for _, lsn in commits} | {r["to_lsn"] for r in runs.runs if r["to_lsn"] is not None})
+    point = runs.read_point if runs.read_point is not None else max((lsn for _, lsn in commits), default=None)
+    if point is None or at > point:
+        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
+                               f"{'nothing applied' if point is None else Lsn(point)}")
+    for run in runs.runs:
+        if run["from_lsn"] is not None and run["from_lsn"] <= at < run["to_lsn"]:
+            before = max((lsn for lsn in readable if lsn < run["from_lsn"]), default=None)
+            raise NotReadableError(
+                f"{Lsn(at)} is inside the commits one run applied at once ({Lsn(run['from_lsn'])} .. "
+                f"{Lsn(run['to_lsn'])}): {table} can be read as of "
+                + (f"{Lsn(before)} or " if before is not None else "") + f"{Lsn(run['to_lsn'])}")
+    version = max((v for v, lsn in commits if lsn <= at), default=None)
+    if version is None:
+        if commits and _started_by_snapshot(spark, path):
+            # The snapshot's commit records the LSN before its consistent point (`slot.snapshot`).
+            raise NotReadableError(f"the mirror of {table} starts with the snapshot taken at "
+                                   f"{Lsn(commits[0][1] + 1)}, after {Lsn(at)}: it can be read as of "
+                                   f"{Lsn(commits[0][1])} or later")
+        # No change to the table was applied up to then: the source table held no rows.
+        return spark.read.format("delta").load(path).limit(0)
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
+    """Whether the mirror's first commit that records what it applied is a snapshot's (the
+    snapshot's CREATE TABLE before it records nothing)."""
+    for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select(
+            "userMetadata").collect():
+        try:
+            meta = json.loads(row[0] or "{}").get(METADATA_KEY)
+        except ValueError:
+            continue
+        if meta:
+            return bool(meta.get("snapshot"))
+    return False

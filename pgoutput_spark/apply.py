@@ -71,7 +71,7 @@ from .mirroring.delta import (
 from .mirroring.history import history_fields, history_frame, merge_history
 from .mirroring.net import TableSpec
 from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
-from .reading import NotReadableError, Status, _started_by_snapshot, mirror, status
+from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
 from .spark.assemble import ScanState, assemble, drop_saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
@@ -309,7 +309,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         def snapshotted(oid: int) -> bool:  # a re-snapshot, or a first snapshot (recorded or not)
             first = history.relations[oid][0]  # the mirror's name, as `_plan`'s path
             path = mirror_path(ledger.root, first.namespace, first.name, table_path)
-            return oid in starts or (_is_delta(spark, path) and _started_by_snapshot(spark, path))
+            return oid in starts or (_is_delta(spark, path) and started_by_snapshot(spark, path))
 
         rebuilt = rebuild.relations(history, tables, snapshotted)
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too

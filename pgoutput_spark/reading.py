@@ -162,7 +162,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
                 + (f"{Lsn(before)} or " if before is not None else "") + f"{Lsn(run['to_lsn'])}")
     version = max((v for v, lsn in commits if lsn <= at), default=None)
     if version is None:
-        if commits and _started_by_snapshot(spark, path):
+        if commits and started_by_snapshot(spark, path):
             # The snapshot's commit records the LSN before its consistent point (`slot.snapshot`).
             raise NotReadableError(f"the mirror of {table} starts with the snapshot taken at "
                                    f"{Lsn(commits[0][1] + 1)}, after {Lsn(at)}: it can be read as of "
@@ -172,7 +172,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
-def _started_by_snapshot(spark: SparkSession, path: str) -> bool:
+def started_by_snapshot(spark: SparkSession, path: str) -> bool:
     """Whether the mirror's first commit that records what it applied is a snapshot's (the
     snapshot's CREATE TABLE before it records nothing)."""
     for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").orderBy("version").select(

@@ -175,7 +175,7 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema, *, tasks: int = 1,
                   moved: list[tuple[int, int]] | None = None) -> Any:
     """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
-    `delta.net_frame`: a key's versions depend on its own changes and the truncates only)."""
+    `rows.net_frame`: a key's versions depend on its own changes and the truncates only)."""
     from .rows import in_tasks
 
     return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),

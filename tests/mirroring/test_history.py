@@ -46,7 +46,7 @@ def _merged(initial, out):
 @settings(max_examples=400, deadline=None)
 @given(scenario(KEYED), st.randoms(use_true_random=False), st.integers(1, 6), st.integers(1, 3))
 def test_versions_valid_at_each_commit_equal_the_row_by_row_state(case, rnd, buckets, tasks):
-    """In one task, or in several by key (`delta.by_key`)."""
+    """In one task, or in several by key (`rows.by_key`)."""
     initial, changes = case
     parts = per_task(_table(initial, changes, rnd), KEYED, buckets, tasks, rnd.randint(1, 4))
     history = _merged(initial, pa.concat_tables([history_changes(part, KEYED) for part in parts]))

@@ -169,7 +169,7 @@ def test_multiset_net_change_equals_row_by_row_apply(case, rnd):
 
 
 def _looks_up(row, spec):
-    """The key a change row looks up (its old key or row, else its own), as `delta.by_key`."""
+    """The key a change row looks up (its old key or row, else its own), as `rows.by_key`."""
     source = row["_old"] if row["_old"] is not None else row
     return tuple(source[k] for k in spec.key)
 
@@ -181,7 +181,7 @@ def _leaves(row, spec):
 
 
 def per_task(table, spec, buckets, tasks, chunk):
-    """``table``'s rows as `delta.by_key` and `delta.in_tasks` spread them, one table per task
+    """``table``'s rows as `rows.by_key` and `rows.in_tasks` spread them, one table per task
     (in chunks of ``chunk`` rows, the batches a task receives)."""
     rows = table.to_pylist()
 
@@ -202,7 +202,7 @@ def per_task(table, spec, buckets, tasks, chunk):
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from([KEYED, MULTISET]), st.data())
 def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
-    """What `delta.by_key` does in Spark: rows go to tasks by the bucket of the key they look up,
+    """What `rows.by_key` does in Spark: rows go to tasks by the bucket of the key they look up,
     buckets an update moves a row between go together (`joined_buckets`), every task gets every
     truncate; the tasks' outputs together merge to what the apply worker leaves."""
     initial, changes = data.draw(scenario(spec))

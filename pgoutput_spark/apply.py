@@ -8,7 +8,7 @@ Layout under the target root::
                                     files the last run saw (one row)
     <root>/_pgoutput/relations/     every Relation / Type message seen
     <root>/_pgoutput/pending/       rows of transactions still open at the end of a run (the
-                                    last two runs' only: `drop_saved_open_rows`)
+                                    last two runs' only: `save_open_rows`)
     <root>/_pgoutput/quarantine/    undecodable messages with raw bytes (on_error="quarantine")
     <root>/_pgoutput/skipped/       updates and deletes that found no row, with the reason
 
@@ -73,7 +73,7 @@ from .mirroring.net import TableSpec
 from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
-from .spark.assemble import ScanState, assemble, drop_saved_open_rows
+from .spark.assemble import ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, release
@@ -378,13 +378,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         if rebuilt:
             with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
                 results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)
-        with _step("save open transactions"):
-            # Most runs end with nothing open, which the driver knows: no job for them.
-            n_open = assembled.open_rows.count() if assembled.may_leave_open else 0
-            if n_open:  # the next run reads them back by this run's hi
-                open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-                txn_append(open_rows, ledger.pending_path, f"{ledger.pipeline}:pending", hi)
-            drop_saved_open_rows(ledger.spark, ledger.pending_path, lo)
+        with _step("save open transactions"):  # the next run reads them back by this run's hi
+            n_open = save_open_rows(assembled, ledger.pending_path, f"{ledger.pipeline}:pending", lo, hi)
     finally:
         release(committed)
         assembled.release()

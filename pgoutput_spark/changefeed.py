@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
 from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
-from .spark.assemble import ScanState, assemble, drop_saved_open_rows, saved_open_rows
+from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, release
@@ -225,11 +225,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                 f"{per_relation[relation_id]} changes")
         messages = assembled.messages
         txn_append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
-        n_open = assembled.open_rows.count() if assembled.may_leave_open else 0
-        if n_open:  # the next run reads them back by this run's hi
-            open_rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi))
-            txn_append(open_rows, state.pending_path, f"{state.pipeline}:pending", hi)
-        drop_saved_open_rows(spark, state.pending_path, lo)
+        # The next run reads them back by this run's hi.
+        n_open = save_open_rows(assembled, state.pending_path, f"{state.pipeline}:pending", lo, hi)
     finally:
         release(committed)
         assembled.release()

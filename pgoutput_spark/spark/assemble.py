@@ -494,19 +494,49 @@ def saved_open_rows(spark: SparkSession, path: str, run_hi: int | None) -> DataF
     return None if table is None else table.where(F.col("_run_hi") == run_hi).drop("_run_hi")
 
 
-def drop_saved_open_rows(spark: SparkSession, path: str, before: int | None) -> None:
-    """Delete the open-transaction rows saved at ``path`` by runs that ended before seq ``before``.
+def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None, hi: int) -> int:
+    """Save the run's open-transaction rows at ``path`` tagged with its ``hi`` (``_run_hi``), and
+    delete those saved by runs that ended before its ``lo``; return how many rows were saved.
 
-    Each run saves its ``open_rows`` tagged with its ``hi`` (``_run_hi``) and
-    reads back only those of the run that ended at its ``lo``; a re-run of an
-    interrupted slice reads the same ones. Rows saved by earlier runs are never
-    read again, and without this a transaction open across many runs would
-    stay in the table once per run. Call it with the run's ``lo``: the rows it
-    reads stay until the next run has saved its own.
+    Each run reads back only the rows of the run that ended at its ``lo``
+    (`saved_open_rows`), and a re-run of an interrupted slice reads the same
+    ones, so those stay until the next run has saved its own; older rows are
+    never read again, and without the delete a transaction open across many
+    runs would stay in the table once per run. The save carries Delta's
+    transaction identifiers (``app_id``, ``hi``: a redone run writes nothing
+    twice). Where a run both saves and deletes, one commit does both (an
+    overwrite of the rows ``_run_hi < lo``); a delete happens only where
+    the table's statistics show rows before ``lo``.
     """
+    from ..mirroring.delta import path_table, txn_append
+
+    spark = assembled.scanned.sparkSession
+    # Most runs end with nothing open, which the driver knows: no job for them.
+    rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi)).persist() if assembled.may_leave_open else None
+    try:
+        n_open = rows.count() if rows is not None else 0  # the save then reads the cached rows
+        stale = lo is not None and _saved_rows(spark, path) is not None and \
+            _oldest_run_hi(spark, path) < lo
+        if n_open and stale:
+            assert rows is not None
+            (rows.write.format("delta").mode("overwrite").option("mergeSchema", "true")
+             .option("replaceWhere", f"_run_hi < {int(lo)} OR _run_hi = {int(hi)}")  # type: ignore[arg-type]
+             .option("txnAppId", app_id).option("txnVersion", hi).save(path))
+        elif n_open:
+            assert rows is not None
+            txn_append(rows, path, app_id, hi)
+        elif stale:
+            spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")  # type: ignore[arg-type]
+    finally:
+        if rows is not None:
+            release(rows)
+    return n_open
+
+
+def _oldest_run_hi(spark: SparkSession, path: str) -> int:
+    """The smallest ``_run_hi`` saved at ``path`` (a table holding files), from the Delta log's
+    file statistics where Delta can answer from them."""
     from ..mirroring.delta import path_table
 
-    if before is None or _saved_rows(spark, path) is None:
-        return
-    # A DELETE whose files all skip by their _run_hi statistics commits nothing.
-    spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(before)}")
+    oldest = spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}").first()[0]
+    return 2**63 - 1 if oldest is None else int(oldest)

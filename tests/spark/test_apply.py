@@ -480,6 +480,40 @@ def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path
     assert _mirror(spark, root, "public", "one") == [(1, "uno"), (3, "three")]
 
 
+def test_a_transaction_open_over_runs_keeps_only_two_runs_rows_in_pending(spark, tmp_path, monkeypatch):
+    """A streamed transaction open across runs: each run saves its rows by its hi and drops those
+    of the runs before its lo, in one pending commit where it does both; a run killed after that
+    commit is redone without writing it again, and the transaction applies once when it ends."""
+    root, pending = str(tmp_path / "target"), f"{tmp_path}/target/_pgoutput/pending"
+    msgs = [*_txn(700, 1000, ONE, b.insert(1, _t(1, "a"))), b.stream_start(800, True),
+            b.insert(1, _t(2, "s1"), xid=800), b.stream_stop()]
+    held, inserts = [], []  # after each run: the runs whose rows pending holds; its own inserts there
+
+    def run(extra):
+        msgs.extend(extra)
+        result = run_apply(spark, _frame(spark, msgs), root)
+        saved = spark.read.format("delta").load(pending)
+        held.append(sorted({r[0] for r in saved.select("_run_hi").collect()}))
+        inserts.append(saved.where(f"_run_hi = {result.hi} AND message_type = 'insert'").count())
+        return result
+
+    r1 = run([])
+    r2 = run([b.stream_start(800, False), b.insert(1, _t(3, "s2"), xid=800), b.stream_stop()])
+    before = commits(pending)
+    _crash(monkeypatch, job, "_finish")
+    with pytest.raises(RuntimeError, match="killed in _finish"):
+        run([b.stream_start(800, False), b.insert(1, _t(4, "s3"), xid=800), b.stream_stop()])
+    assert commits(pending) == before + 1  # the third run's rows saved, the first's dropped
+    monkeypatch.undo()
+    r3 = run([])  # the interrupted slice again: its save is in the table already
+    assert r3.redone and commits(pending) == before + 1
+    assert inserts[:3] == [1, 2, 3]  # the streamed inserts so far, saved once by each run
+    r4 = run([b.stream_commit(800, 5000, 5001, 0)])
+    assert held == [[r1.hi], [r1.hi, r2.hi], [r2.hi, r3.hi], [r3.hi]]
+    assert r4.open_rows == 0 and r4.transactions == 1
+    assert _mirror(spark, root, "public", "one") == [(1, "a"), (2, "s1"), (3, "s2"), (4, "s3")]
+
+
 def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tmp_path):
     """Column mapping and type widening always; deletion vectors only where the session's
     Delta default (or the user, on the table) asks for them. A new mirror is created by its

@@ -11,7 +11,8 @@ and 1.3 s on a 2M-row one, and on a 10M-row mirror they only broke even
 (`benchmarks/deletion_vectors.py`, `benchmarks/README.md`).
 
 A run's MERGE into a mirror takes the net change of `pgoutput_spark.mirroring.net`
-(computed in Spark tasks by `pgoutput_spark.mirroring.rows`) and is idempotent: it carries the transaction identifier ``txnAppId`` =
+(computed in Spark tasks by `pgoutput_spark.mirroring.rows`) and is idempotent: it
+carries the transaction identifier ``txnAppId`` =
 ``<pipeline>:relation:<oid>``, ``txnVersion`` = the run's applied commit LSN,
 and records the run's LSN and seq range as its commit's ``userMetadata``.
 """
@@ -404,12 +405,16 @@ def _with_properties(writer: Any, new_table: bool) -> Any:
     return writer
 
 
-def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False) -> None:
+def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False,
+               replace_where: str | None = None) -> None:
     """Append ``frame`` to the Delta table at ``path``, merging new columns into its schema, under
     Delta's transaction identifiers (a redone run writes nothing twice). ``new_table``: the
-    write creates the table, with `PROPERTIES`."""
-    writer = (frame.write.format("delta").mode("append").option("mergeSchema", "true")
-              .option("txnAppId", app_id).option("txnVersion", version))
+    write creates the table, with `PROPERTIES`. ``replace_where``: the same commit deletes the
+    rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``)."""
+    writer = (frame.write.format("delta").mode("append" if replace_where is None else "overwrite")
+              .option("mergeSchema", "true").option("txnAppId", app_id).option("txnVersion", version))
+    if replace_where is not None:
+        writer = writer.option("replaceWhere", replace_where)
     _with_properties(writer, new_table).save(path)
 
 

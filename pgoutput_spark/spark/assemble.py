@@ -515,28 +515,24 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi)).persist() if assembled.may_leave_open else None
     try:
         n_open = rows.count() if rows is not None else 0  # the save then reads the cached rows
-        stale = lo is not None and _saved_rows(spark, path) is not None and \
-            _oldest_run_hi(spark, path) < lo
-        if n_open and stale:
-            assert rows is not None
-            (rows.write.format("delta").mode("overwrite").option("mergeSchema", "true")
-             .option("replaceWhere", f"_run_hi < {int(lo)} OR _run_hi = {int(hi)}")  # type: ignore[arg-type]
-             .option("txnAppId", app_id).option("txnVersion", hi).save(path))
-        elif n_open:
-            assert rows is not None
-            txn_append(rows, path, app_id, hi)
-        elif stale:
-            spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")  # type: ignore[arg-type]
+        before = None if lo is None or _oldest_run_hi(spark, path) >= lo else f"_run_hi < {int(lo)}"
+        if rows is not None and n_open:
+            txn_append(rows, path, app_id, hi, replace_where=before and f"{before} OR _run_hi = {int(hi)}")
+        elif before:
+            spark.sql(f"DELETE FROM {path_table(path)} WHERE {before}")
     finally:
         if rows is not None:
             release(rows)
     return n_open
 
 
-def _oldest_run_hi(spark: SparkSession, path: str) -> int:
-    """The smallest ``_run_hi`` saved at ``path`` (a table holding files), from the Delta log's
-    file statistics where Delta can answer from them."""
+def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
+    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row), from the
+    Delta log's file statistics where Delta can answer from them."""
+    from ..capture import _is_delta
     from ..mirroring.delta import path_table
 
+    if not _is_delta(spark, path):
+        return float("inf")
     oldest = spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}").first()[0]
-    return 2**63 - 1 if oldest is None else int(oldest)
+    return float("inf") if oldest is None else int(oldest)

@@ -76,7 +76,7 @@ from .results import ApplyResult, TableResult
 from .spark.assemble import ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, release
+from .spark.session import explains_spark_failures, local_frame, release
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -713,7 +713,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
             tables, None, None, result.duration_s, list(landed.new_files))]
-    frame = spark.createDataFrame(row, RUNS_SCHEMA).withColumn(
+    frame = local_frame(spark, row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None
     if result.hi == result.lo:  # a run that only rebuilt tables: its own row, once

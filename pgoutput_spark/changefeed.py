@@ -35,7 +35,7 @@ from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, release
+from .spark.session import explains_spark_failures, local_frame, release
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp, new_files array<string>")
@@ -97,7 +97,7 @@ class _State:
                changes: int = 0, new_files: tuple[str, ...] | None = None) -> None:
         row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
                 None if new_files is None else list(new_files))]
-        frame = self.spark.createDataFrame(row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
+        frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.runs)
 
     def history(self) -> RelationHistory:

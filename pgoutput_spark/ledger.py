@@ -20,6 +20,7 @@ from .capture import _is_delta
 from .errors import PgoutputSparkError
 from .mirroring.delta import absolute_path, conflicting_operation, path_table, sql_literal
 from .spark.assemble import ScanState, saved_open_rows
+from .spark.session import local_frame
 
 
 class ConcurrentRunError(PgoutputSparkError):
@@ -93,8 +94,8 @@ class Ledger:
 
     def lease(self) -> Lease:
         if not _is_delta(self.spark, self.lease_path):
-            first = self.spark.createDataFrame(
-                [(self.pipeline, "", "idle", None, None, None, None, None, None, None)], LEASE_SCHEMA)
+            first = local_frame(self.spark, [(self.pipeline, "", "idle", None, None, None, None, None, None, None)],
+                                LEASE_SCHEMA)
             try:
                 first.write.format("delta").mode("errorifexists").save(self.lease_path)
             except Exception as exc:  # another run created it first: read theirs

@@ -346,8 +346,10 @@ def _record_start(spark: SparkSession, target: str, pipeline: str, tables: list[
     of `point`, in one commit."""
     from pyspark.sql import functions as F
 
+    from ..spark.session import local_frame
+
     rows = [(pipeline, table.oid, f"{table.schema}.{table.name}", int(point), path) for table, path in tables]
-    (spark.createDataFrame(rows, "pipeline string, relation_id long, table string, lsn long, path string")
+    (local_frame(spark, rows, "pipeline string, relation_id long, table string, lsn long, path string")
      .withColumn("snapshot_at", F.current_timestamp())
      .write.format("delta").mode("append").option("mergeSchema", "true").save(snapshots_path(target)))
 

@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
-from .session import release
+from .session import local_frame, release
 
 #: Messages that are row changes (or take effect with a transaction).
 CHANGE_TYPES = ("insert", "update", "delete", "truncate")
@@ -201,7 +201,7 @@ def _carry_in(spark: SparkSession, bucketed: DataFrame, start: ScanState) -> Dat
             begin = row["begin_seq"]
         if row["stream_xid"] is not None:
             xid = row["stream_xid"]
-    return spark.createDataFrame(rows, "_bucket long, _carry_begin long, _carry_xid long")
+    return local_frame(spark, rows, "_bucket long, _carry_begin long, _carry_xid long")
 
 
 def _by_window(messages: DataFrame, start: ScanState, summary: _Summary,
@@ -340,7 +340,7 @@ def _first_changes(scanned: DataFrame, controls: list[Control]) -> dict[tuple[in
         firsts = starts.get(top, [-_NO_END])  # type: ignore[arg-type]
         instances += [(top, sub, lo, hi) for lo, hi in zip(firsts, [*firsts[1:], _NO_END])]
     spark = scanned.sparkSession
-    wanted = spark.createDataFrame(instances, "top_xid long, stream_xid long, i_lo long, i_hi long")
+    wanted = local_frame(spark, instances, "top_xid long, stream_xid long, i_lo long, i_hi long")
     rows = (
         scanned.where(F.col("in_stream") & F.col("stream_xid").isNotNull())
         .join(F.broadcast(wanted), ["top_xid", "stream_xid"])
@@ -371,8 +371,8 @@ def _outcomes(spark: SparkSession, ledger: Ledger) -> tuple[DataFrame, DataFrame
              t.last_seq if t.last_seq is not None else t.decided_seq if t.decided_seq is not None else _NO_END,
              t.outcome.value, t.decided_seq, t.commit_lsn, t.commit_ts) for t in ledger.txns]
     discards = [(d.xid, d.from_seq, d.to_seq) for d in ledger.discards]
-    return (spark.createDataFrame(rows, _OUTCOME_SCHEMA),
-            spark.createDataFrame(discards, "d_xid long, d_from long, d_to long"))
+    return (local_frame(spark, rows, _OUTCOME_SCHEMA),
+            local_frame(spark, discards, "d_xid long, d_from long, d_to long"))
 
 
 def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,

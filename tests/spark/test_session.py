@@ -107,3 +107,41 @@ def test_a_task_out_of_memory_names_the_heap_and_the_remedies(spark):
     assert "--max-messages N --until-caught-up" in str(local)
     assert "spark.executor.memory and spark.executor.cores" in str(task_out_of_memory(Exception(TASK_OOM), "yarn"))
     assert spark_failure(spark) is None and spark_failure(spark, error=Exception("[UNRESOLVED_COLUMN] `x`")) is None
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_a_local_frame_holds_the_rows_create_data_frame_does_without_an_rdd(spark, zone):
+    from datetime import datetime, timezone
+
+    from pgoutput_spark.ledger import LEASE_SCHEMA, RUNS_SCHEMA
+    from pgoutput_spark.spark.assemble import _OUTCOME_SCHEMA
+    from pgoutput_spark.spark.session import local_frame
+
+    at = datetime(2026, 3, 8, 2, 30, 0, 123456)  # naive: local time, as Spark hands it back
+    aware = datetime(2026, 11, 1, 5, 59, 59, tzinfo=timezone.utc)
+    cases = [
+        (RUNS_SCHEMA, [("r1", "p", None, 9, 1, 2**62, 3, 4, 0, 0,
+                        [("s.t", "/x", 16384, 1, 2, 3, 0, False, "merged"), ("s.u", "/y", 1, 0, 0, 0, 5, True, "")],
+                        at, aware, 1.5, ["a", "b"]),
+                       ("r2", "p", 9, 10, None, None, 0, 0, 0, 0, [], None, None, 0.0, [])]),
+        (LEASE_SCHEMA, [("p", "", "idle", None, None, None, None, None, None, None),
+                        ("q", "id", "running", 1, 2, 3, 4, 5, at, ["f", "g"])]),
+        (_OUTCOME_SCHEMA, [(7, 1, None, 2**63 - 1, "committed", 9, 2**40, aware),
+                           (8, 2, 3, 4, "open", None, None, None)]),
+        ("a long, b string", []),
+    ]
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        for schema, rows in cases:
+            frame = local_frame(spark, rows, schema)
+            expected = spark.createDataFrame(rows, schema)
+            assert frame.schema == expected.schema
+            assert frame.collect() == expected.collect()
+            assert sorted(frame.selectExpr("*", "to_json(struct(*)) AS j").select("j").collect()) == \
+                sorted(expected.selectExpr("*", "to_json(struct(*)) AS j").select("j").collect())
+            plan = frame._jdf.queryExecution().optimizedPlan().toString()
+            assert plan.startswith("LocalRelation"), plan  # no RDD: read without a task
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)

@@ -378,6 +378,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         if rebuilt:
             with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
                 results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)
+        # Released before the save: Spark plans every cached frame that reads the pending table
+        # again after each write to it (its Delta scans listed anew), and this one is done with.
+        release(committed)
         with _step("save open transactions"):  # the next run reads them back by this run's hi
             n_open = save_open_rows(assembled, ledger.pending_path, f"{ledger.pipeline}:pending", lo, hi)
     finally:

@@ -225,6 +225,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
                 f"{per_relation[relation_id]} changes")
         messages = assembled.messages
         txn_append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
+        release(committed)  # before the save, as apply's (a cache reading the pending table is planned again)
         # The next run reads them back by this run's hi.
         n_open = save_open_rows(assembled, state.pending_path, f"{state.pipeline}:pending", lo, hi)
     finally:

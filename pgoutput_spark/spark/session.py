@@ -324,8 +324,8 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: str 
 
     ``createDataFrame`` of a Python list makes an RDD of pickled rows: every job
     that reads it (each broadcast of a join's small side, each write) runs
-    Python tasks to unpickle them, 0.3-1.4 s of a small run's wall clock on
-    2 cores for a handful of rows. Spark keeps an Arrow table under
+    Python tasks to unpickle them: 0.4-1.4 s a job on 2 cores for a handful
+    of rows (`benchmarks/README.md`). Spark keeps an Arrow table under
     ``spark.sql.execution.arrow.localRelationThreshold`` (48 MiB) in the JVM
     instead, read without a task. ``rows`` hold values as ``createDataFrame``
     takes them (``datetime`` for timestamps, tuples for structs).

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StructType, _parse_datatype_string
+from pyspark.sql.types import StructType
 
 from ..config import LOCAL_SPARK_CONF
 from ..errors import CaptureError, PgoutputSparkError
@@ -330,7 +330,7 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: str 
     instead, read without a task. ``rows`` hold values as ``createDataFrame``
     takes them (``datetime`` for timestamps, tuples for structs).
     """
-    struct = schema if isinstance(schema, StructType) else _parse_datatype_string(schema)
+    struct = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
     assert isinstance(struct, StructType), f"not a row schema: {schema!r}"
     internal = [struct.toInternal(tuple(row)) for row in rows]  # timestamps as microseconds, as Arrow's
     arrow = to_arrow_schema(struct)

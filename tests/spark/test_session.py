@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pgoutput_spark.spark import session
@@ -145,3 +147,27 @@ def test_a_local_frame_holds_the_rows_create_data_frame_does_without_an_rdd(spar
             assert plan.startswith("LocalRelation"), plan  # no RDD: read without a task
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
+
+
+@pytest.mark.spark
+def test_local_delta_tables_get_no_hadoop_checksum_sidecars(spark, tmp_path):
+    """Local paths go through Hadoop's raw local file system: a Delta table's data files and
+    log have no ``.name.crc`` beside them (each one cost the driver more processes), and the
+    table reads back, appended to and merged into, as with them."""
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "t")
+    spark.range(3).selectExpr("id", "'a' AS v").write.format("delta").save(path)
+    spark.range(2, 5).selectExpr("id", "'b' AS v").write.format("delta").mode("append").save(path)
+    (DeltaTable.forPath(spark, path).alias("t")
+     .merge(spark.range(4, 6).selectExpr("id", "'c' AS v").alias("s"), "t.id = s.id")
+     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    files = [p.relative_to(tmp_path / "t") for p in (tmp_path / "t").rglob("*") if p.is_file()]
+    assert [f for f in files if f.name.startswith(".") and f.name.endswith(".crc")] == []
+    assert len([f for f in files if f.suffix == ".parquet"]) >= 3
+    assert sorted(files, key=str)[:3] == [Path("_delta_log/00000000000000000000.crc"),
+                                           Path("_delta_log/00000000000000000000.json"),
+                                           Path("_delta_log/00000000000000000001.crc")]  # Delta's own
+    rows = sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(path).collect())
+    assert rows == [(0, "a"), (1, "a"), (2, "a"), (2, "b"), (3, "b"), (4, "c"), (5, "c")]

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
-from .mirroring.delta import absolute_path, mirror_path, path_table, plan_schema, txn_append
+from .mirroring.delta import absolute_path, append_rows, mirror_path, path_table, plan_schema, txn_append
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -98,7 +98,7 @@ class _State:
         row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
                 None if new_files is None else list(new_files))]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
-        frame.write.format("delta").mode("append").option("mergeSchema", "true").save(self.runs)
+        append_rows(frame, self.runs)
 
     def history(self) -> RelationHistory:
         history = RelationHistory()

@@ -405,14 +405,25 @@ def _with_properties(writer: Any, new_table: bool) -> Any:
     return writer
 
 
+def _schema_merging_writer(frame: DataFrame, mode: str = "append") -> Any:
+    """A Delta writer of ``frame`` that merges new columns into the table's schema."""
+    return frame.write.format("delta").mode(mode).option("mergeSchema", "true")
+
+
+def append_rows(frame: DataFrame, path: str) -> None:
+    """Append ``frame`` to the Delta table at ``path`` (created by the first append), merging new
+    columns into its schema: the pipeline's own records (runs, snapshots), rewritten by no retry."""
+    _schema_merging_writer(frame).save(path)
+
+
 def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False,
                replace_where: str | None = None) -> None:
     """Append ``frame`` to the Delta table at ``path``, merging new columns into its schema, under
     Delta's transaction identifiers (a redone run writes nothing twice). ``new_table``: the
     write creates the table, with `PROPERTIES`. ``replace_where``: the same commit deletes the
     rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``)."""
-    writer = (frame.write.format("delta").mode("append" if replace_where is None else "overwrite")
-              .option("mergeSchema", "true").option("txnAppId", app_id).option("txnVersion", version))
+    writer = (_schema_merging_writer(frame, "append" if replace_where is None else "overwrite")
+              .option("txnAppId", app_id).option("txnVersion", version))
     if replace_where is not None:
         writer = writer.option("replaceWhere", replace_where)
     _with_properties(writer, new_table).save(path)

@@ -346,12 +346,12 @@ def _record_start(spark: SparkSession, target: str, pipeline: str, tables: list[
     of `point`, in one commit."""
     from pyspark.sql import functions as F
 
+    from ..mirroring.delta import append_rows
     from ..spark.session import local_frame
 
     rows = [(pipeline, table.oid, f"{table.schema}.{table.name}", int(point), path) for table, path in tables]
-    (local_frame(spark, rows, "pipeline string, relation_id long, table string, lsn long, path string")
-     .withColumn("snapshot_at", F.current_timestamp())
-     .write.format("delta").mode("append").option("mergeSchema", "true").save(snapshots_path(target)))
+    append_rows(local_frame(spark, rows, "pipeline string, relation_id long, table string, lsn long, path string")
+                .withColumn("snapshot_at", F.current_timestamp()), snapshots_path(target))
 
 
 def snapshots_path(target: str) -> str:

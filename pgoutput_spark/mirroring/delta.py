@@ -429,6 +429,14 @@ def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_ta
     _with_properties(writer, new_table).save(path)
 
 
+def latest_version(spark: SparkSession, path: str) -> int:
+    """The version of the Delta table at ``path`` as the session's Delta log holds it now (brought
+    up to date; no Spark job)."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    return int(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).version())
+
+
 def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:
     """(Delta version, to_lsn) of the commits of ``pipeline`` that record what they applied, oldest first."""
     out = []

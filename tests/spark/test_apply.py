@@ -685,3 +685,27 @@ def test_status_lists_the_transactions_a_run_leaves_open(spark, tmp_path):
     run_apply(spark, _frame(spark, head + tail), root)
     assert status(spark, root).open_transactions == []
     assert _mirror(spark, root, "public", "one") == [(1, "a"), (2, "streamed"), (3, "plain")]
+
+
+def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark, tmp_path):
+    """The mirror's rows a run looks up (cached, and the source of its MERGE) are those of the
+    version it read, after a write to the mirror too (see `saved_open_rows`' test)."""
+    from pgoutput_spark.mirroring.delta import latest_version
+    from pgoutput_spark.mirroring.net import TableSpec
+    from pgoutput_spark.mirroring.rows import pre_image
+    from pgoutput_spark.spark.session import release
+
+    path = str(tmp_path / "mirror")
+    spark.range(3).selectExpr("id", "'a' AS v").write.format("delta").save(path)
+    assert latest_version(spark, path) == 0
+    typed = spark.range(3).selectExpr("id", "'b' AS v", "'update' AS _op", "named_struct('id', id) AS _old",
+                                      "2L AS _seq", "2L AS _commit_seq")
+    pre = pre_image(spark, path, typed, TableSpec("keyed", ("id",), ("id", "v"))).persist()
+    try:
+        assert sorted((r["id"], r["v"], r["_op"]) for r in pre.collect()) == [(0, "a", "pre"), (1, "a", "pre"),
+                                                                              (2, "a", "pre")]
+        spark.range(3).selectExpr("id", "'c' AS v").write.format("delta").mode("overwrite").save(path)
+        assert latest_version(spark, path) == 1
+        assert sorted(r["v"] for r in pre.collect()) == ["a", "a", "a"]
+    finally:
+        release(pre)

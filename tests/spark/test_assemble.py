@@ -225,3 +225,22 @@ def test_open_transaction_of_a_skipped_origin_still_carries_over(spark):
     second = assemble(decode(frame.where("seq >= 6")), first.end_state, pending=pending,
                       skip_origins=("upstream",))
     assert [r["seq"] for r in second.committed.collect()] == [7]  # only the local transaction
+
+
+def test_saved_open_rows_read_stay_as_read_while_cached_and_the_table_is_written(spark, tmp_path):
+    """A run caches the open rows it read back, then saves into the same table: the cached frame
+    keeps the rows of the version it read (Spark plans a cached frame that reads a Delta table's
+    latest version again after each write to the table, Delta's file listing with it)."""
+    from pgoutput_spark.spark.assemble import saved_open_rows
+    from pgoutput_spark.spark.session import release
+
+    path = str(tmp_path / "pending")
+    spark.range(3).selectExpr("id AS seq", "7L AS _run_hi").write.format("delta").save(path)
+    read = saved_open_rows(spark, path, 7).persist()
+    try:
+        assert read.count() == 3
+        spark.range(3, 5).selectExpr("id AS seq", "7L AS _run_hi").write.format("delta").mode("append").save(path)
+        assert sorted(r["seq"] for r in read.collect()) == [0, 1, 2]
+        assert saved_open_rows(spark, path, 7).count() == 5  # a new read sees the write
+    finally:
+        release(read)

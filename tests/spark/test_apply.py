@@ -700,12 +700,17 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
     assert latest_version(spark, path) == 0
     typed = spark.range(3).selectExpr("id", "'b' AS v", "'update' AS _op", "named_struct('id', id) AS _old",
                                       "2L AS _seq", "2L AS _commit_seq")
-    pre = pre_image(spark, path, typed, TableSpec("keyed", ("id",), ("id", "v"))).persist()
+    spec = TableSpec("keyed", ("id",), ("id", "v"))
+    looked_up = pre_image(spark, path, typed.where("id < 2"), spec).persist()
+    everything = pre_image(spark, path, typed, spec, everything=True).persist()  # a run with a truncate
     try:
-        assert sorted((r["id"], r["v"], r["_op"]) for r in pre.collect()) == [(0, "a", "pre"), (1, "a", "pre"),
-                                                                              (2, "a", "pre")]
-        spark.range(3).selectExpr("id", "'c' AS v").write.format("delta").mode("overwrite").save(path)
+        assert sorted((r["id"], r["v"], r["_op"]) for r in looked_up.collect()) == [(0, "a", "pre"), (1, "a", "pre")]
+        assert everything.count() == 3
+        spark.range(3, 5).selectExpr("id", "'c' AS v").write.format("delta").mode("append").save(path)
         assert latest_version(spark, path) == 1
-        assert sorted(r["v"] for r in pre.collect()) == ["a", "a", "a"]
+        assert sorted(r["id"] for r in looked_up.collect()) == [0, 1]
+        assert sorted(r["id"] for r in everything.collect()) == [0, 1, 2]
+        assert pre_image(spark, path, typed, spec, everything=True).count() == 5  # a new read sees the write
     finally:
-        release(pre)
+        release(looked_up)
+        release(everything)

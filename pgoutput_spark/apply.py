@@ -32,7 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +73,7 @@ from .mirroring.net import TableSpec
 from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
-from .spark.assemble import ScanState, assemble, save_open_rows
+from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, local_frame, release
@@ -272,6 +272,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
+    saving: Future[int] | None = None
     try:
         starts = ledger.starts()  # relation -> the LSN a (re-)snapshot left its mirror at
         touched = committed.select(F.explode(F.when(
@@ -333,6 +334,12 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step("save relations"):
                 txn_append(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
+        # The open transactions' save depends on no table: it runs beside their writes (a run that
+        # dies in either is redone whole, each write skipped where its transaction identifier
+        # shows it done). The next run reads them back by this run's hi.
+        background = ThreadPoolExecutor(max_workers=1)
+        saving = background.submit(_save_open_rows, assembled, ledger, lo, hi)
+        background.shutdown(wait=False)
         if relations:
             assert to_lsn is not None
             metadata = {"pipeline": ledger.pipeline, "lo_seq": lo, "hi_seq": hi,
@@ -378,12 +385,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         if rebuilt:
             with _step(f"rebuild {len(rebuilt)} tables from the start of the capture"):
                 results += rebuild.run(ledger, hi, skip_origins, history, rebuild_plans, tables, say)
-        # Released before the save: Spark plans every cached frame that reads the pending table
-        # again after each write to it (its Delta scans listed anew), and this one is done with.
-        release(committed)
-        with _step("save open transactions"):  # the next run reads them back by this run's hi
-            n_open = save_open_rows(assembled, ledger.pending_path, f"{ledger.pipeline}:pending", lo, hi)
+        n_open = saving.result()
     finally:
+        if saving is not None:
+            wait([saving])  # ended before the frames it reads are released
         release(committed)
         assembled.release()
     with _step("count messages and quarantine"):
@@ -401,6 +406,11 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     with _step("save the run; release the lease"):
         _finish(ledger, run_id, result, assembled.end_state, lease, started, landed)
     return result
+
+
+def _save_open_rows(assembled: Assembled, ledger: Ledger, lo: int | None, hi: int) -> int:
+    with _step("save open transactions"):
+        return save_open_rows(assembled, ledger.pending_path, f"{ledger.pipeline}:pending", lo, hi)
 
 
 def _child_session(spark: SparkSession) -> SparkSession:

@@ -182,6 +182,8 @@ def _crash(monkeypatch, target, name, *, on_call=1):
     pytest.param((job, "append", 2, False), id="between-two-new-tables"),
     pytest.param((job, "merge", 2, True), id="between-two-tables"),
     pytest.param((job, "_finish", 1, False), id="after-merges-before-state"),
+    # The open transactions' save runs beside the tables' writes: it fails while they go on.
+    pytest.param((job, "_save_open_rows", 1, True), id="saving-open-transactions"),
 ])
 def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path, monkeypatch, stage):
     module, name, on_call, existing = stage
@@ -714,3 +716,4 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
     finally:
         release(looked_up)
         release(everything)
+

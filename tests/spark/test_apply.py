@@ -716,4 +716,3 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
     finally:
         release(looked_up)
         release(everything)
-

@@ -437,6 +437,14 @@ def latest_version(spark: SparkSession, path: str) -> int:
     return int(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).version())
 
 
+def read_current(spark: SparkSession, path: str) -> DataFrame:
+    """The Delta table at ``path`` as of its version now (`latest_version`), not "the latest":
+    Spark and Delta plan every cached frame that reads a table's latest version again after each
+    write to that table (Delta's file listing jobs), and a run caches frames that read the
+    tables it then writes (the pending rows it saves back, a mirror's pre-image)."""
+    return spark.read.format("delta").option("versionAsOf", latest_version(spark, path)).load(path)
+
+
 def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:
     """(Delta version, to_lsn) of the commits of ``pipeline`` that record what they applied, oldest first."""
     out = []

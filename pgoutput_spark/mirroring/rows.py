@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
-from .delta import latest_version, quote
+from .delta import quote, read_current
 from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
 
 
@@ -37,9 +37,7 @@ def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec,
     else:
         looked_up = typed.where(old.isNotNull()).select(
             *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
-    # At the table's version now: a frame that reads a Delta table's latest version is planned
-    # again after each write to it while cached (this one is, and feeds the table's MERGE).
-    target = spark.read.format("delta").option("versionAsOf", latest_version(spark, path)).load(path)
+    target = read_current(spark, path)  # cached by the caller, and the source of the MERGE into it
     if current_only:
         target = target.where(F.col("_is_current"))
     equal = [(F.col(quote(c)).eqNullSafe(F.col(k[i])) if spec.mode == "multiset"

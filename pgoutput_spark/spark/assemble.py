@@ -480,14 +480,11 @@ def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:
     """The open-transaction rows saved at ``path``; None when there is no table or it holds no
     file (runs that leave nothing open make it so): then nothing needs reading or deleting."""
     from ..capture import _is_delta
-    from ..mirroring.delta import latest_version
+    from ..mirroring.delta import read_current
 
     if not _is_delta(spark, path):
         return None
-    # Read at the table's version now, not "the latest": after each write to a table, Spark and
-    # Delta plan again every cached frame that reads its latest version (Delta's file listing
-    # jobs), and the open rows this run caches and saves back read these.
-    table = spark.read.format("delta").option("versionAsOf", latest_version(spark, path)).load(path)
+    table = read_current(spark, path)  # the open rows a run caches and saves back read these
     return table if table.inputFiles() else None
 
 

@@ -20,15 +20,17 @@ touched key (keyed tables), or, for tables whose identity is the whole row
 (``REPLICA IDENTITY FULL``, or no identity, insert-only), a multiset: identical
 rows stay separate rows and an update or delete changes exactly one of them.
 
-The loop below runs once per change, on integer key codes; values never leave
-Arrow: each surviving row is a *provenance* (which input row each column comes
-from) and the output columns are built with one ``take`` per column.
+The walk over the changes (`walk`, compiled) runs once per change, on integer
+key codes; values never leave Arrow: each surviving row is a *provenance*
+(which input row each column comes from) and the output columns are built
+with one ``take`` per column.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..assemble.typed import data_fields
+from .walk import DELETE, OPS, keyed_walk, multiset_walk
 
 Mode = Literal["keyed", "multiset"]
 
@@ -205,41 +208,79 @@ def _field(struct: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
 class Prepared:
     """A table's change rows with integer codes for their new and old keys, and their commit order.
 
-    Rows stay where they were (sorting a wide table's values costs more than the whole loop
+    Rows stay where they were (sorting a wide table's values costs more than the whole walk
     over its changes), and in the chunks they came in: a ``take`` of the surviving rows from
     them costs a sixth of joining the chunks first (`bench_wide`'s 518,400 rows, ad hoc).
     ``order`` lists the row indices in commit order, and every row index below, provenances
-    included, is a position in ``rows``.
+    included, is a position in ``rows``. Codes are dense: ``0 .. n_codes - 1``.
     """
 
     rows: pa.Table
     data: dict[str, pa.ChunkedArray]  # the data columns (unchanged TOAST filled in for multisets)
     old: pa.ChunkedArray  # the ``_old`` struct column
     names: list[str]
-    ops: list[str]
+    op: np.ndarray  # each row's operation, as its position in `walk.OPS`
     seqs: np.ndarray
-    new_code: list[int]  # code of each row's new key
-    old_code: list[int]  # code of each row's old key (meaningful where has_old)
-    has_old: list[bool]
-    unchanged: dict[int, list[int]]  # row -> positions of its unchanged-TOAST columns (keyed tables)
+    codes: np.ndarray  # new keys' codes (rows 0..n-1), then old keys' (n..2n-1)
+    has_old_rows: np.ndarray  # bool: the row carries an old key
+    # (row, position in ``names``) of every unchanged-TOAST column (keyed tables), rows ascending
+    unchanged_rows: np.ndarray
+    unchanged_columns: np.ndarray
     key_arrays: list[pa.ChunkedArray]  # new keys (rows 0..n-1) then old keys (n..2n-1), per key column
-    order: list[int]  # row indices in commit order
+    commit_order: np.ndarray  # row indices in commit order
+
+    @property
+    def n_codes(self) -> int:
+        return int(self.codes.max()) + 1 if self.codes.size else 0
+
+    # The same as Python lists and dicts, for the history's walk (`history.history_changes`).
+    @cached_property
+    def ops(self) -> list[str]:
+        return [OPS[o] for o in self.op.tolist()]
+
+    @cached_property
+    def new_code(self) -> list[int]:
+        return self.codes[:self.rows.num_rows].tolist()
+
+    @cached_property
+    def old_code(self) -> list[int]:
+        return self.codes[self.rows.num_rows:].tolist()
+
+    @cached_property
+    def has_old(self) -> list[bool]:
+        return self.has_old_rows.tolist()
+
+    @cached_property
+    def order(self) -> list[int]:
+        return self.commit_order.tolist()
+
+    @cached_property
+    def unchanged(self) -> dict[int, list[int]]:
+        """Row -> positions of its unchanged-TOAST columns, for the rows that have any."""
+        return _unchanged_positions(self.unchanged_rows, self.unchanged_columns)
+
+
+def _op_numbers(ops: pa.ChunkedArray) -> np.ndarray:
+    numbers = pc.index_in(ops, value_set=pa.array(OPS, pa.string()))
+    if numbers.null_count:
+        bad = ops.filter(pc.is_null(numbers))[0]
+        raise ValueError(f"a change row's _op is {bad}: expected one of {', '.join(OPS)}")
+    return np.asarray(numbers.to_numpy(), dtype=np.int8) if len(ops) else np.zeros(0, np.int8)
 
 
 def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
     """Find the commit order of ``rows`` and code their keys (shared by the mirror and its history)."""
     n = rows.num_rows
     seqs = rows.column("_seq").to_numpy()
-    order = np.lexsort((seqs, rows.column("_commit_seq").to_numpy()))
+    order = np.lexsort((seqs, rows.column("_commit_seq").to_numpy())).astype(np.int64)
     names = list(spec.columns)
     data = {name: rows.column(name) for name in names}
-    ops = rows.column("_op").to_pylist()
+    op = _op_numbers(rows.column("_op"))
     old = rows.column("_old")
     has_old = np.asarray(pc.is_valid(old)) if n else np.zeros(0, dtype=bool)
     unchanged_rows, unchanged_columns = _unchanged_pairs(_one_array(rows.column("_unchanged_toast")), names) \
         if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
-    unchanged: dict[int, list[int]] = {}
     if spec.mode == "multiset":
         # The whole row is the identity: an unchanged column of the new row is the old row's value.
         for j in np.unique(unchanged_columns).tolist():
@@ -248,14 +289,13 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
                 hit = np.zeros(n, dtype=bool)
                 hit[unchanged_rows[unchanged_columns == j]] = True
                 data[name] = pc.if_else(pa.array(hit), _field(old, name), data[name])
-    else:
-        unchanged = _unchanged_positions(unchanged_rows, unchanged_columns)
+        unchanged_rows, unchanged_columns = np.zeros(0, np.int64), np.zeros(0, np.int64)
     # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space.
     key_arrays = [pa.chunked_array([*data[k].chunks, *_field(old, k).cast(data[k].type).chunks], data[k].type)
                   for k in spec.key]
     codes = key_codes(key_arrays) if spec.key else np.zeros(2 * n, dtype=np.int64)
-    return Prepared(rows, data, old, names, ops, seqs, codes[:n].tolist(), codes[n:].tolist(),
-                    has_old.tolist(), unchanged, key_arrays, order.tolist())
+    return Prepared(rows, data, old, names, op, seqs, np.asarray(codes, dtype=np.int64), has_old,
+                    unchanged_rows, unchanged_columns, key_arrays, order)
 
 
 def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
@@ -275,173 +315,122 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
 
 
 def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
-    data, ops, seqs, names = p.data, p.ops, p.seqs, p.names
-    new_code, old_code, has_old, unchanged = p.new_code, p.old_code, p.has_old, p.unchanged
-    pre: dict[int, int] = {}
-    state: dict[int, Any] = {}  # code -> provenance (row index, or (row, {column: row})) or None
-    last: dict[int, int] = {}  # code -> row of the change that last touched it
-    skipped: list[tuple[int, str]] = []
-    truncated_at = -1
-    for i in p.order:
-        op = ops[i]
-        if op == "pre":
-            pre[new_code[i]] = i
-            continue
-        if op == "truncate":
-            state.clear()
-            last.clear()
-            truncated_at = i
-            continue
-        if op == "insert":
-            state[new_code[i]] = i
-            last[new_code[i]] = i
-            continue
-        src = old_code[i] if has_old[i] else new_code[i]
-        if src in state:
-            current = state[src]
-        else:
-            current = None if truncated_at >= 0 else pre.get(src)
-        if current is None:
-            skipped.append((i, _skipped_reason(op, i in unchanged)))
-            continue
-        last[src] = i
-        if op == "delete":
-            state[src] = None
-            continue
-        cols = unchanged.get(i)
-        prov = i if not cols else (i, {j: _provenance(current, j) for j in cols})
-        if src != new_code[i]:
-            state[src] = None
-        state[new_code[i]] = prov
-        last[new_code[i]] = i
+    n = p.rows.num_rows
+    slot = np.full(n, -1, dtype=np.int64)
+    lines = np.unique(p.unchanged_rows)  # the rows with unchanged-TOAST columns, ascending
+    slot[lines] = np.arange(lines.size)
+    # unchanged_rows is ascending: each line's columns are one run of unchanged_columns.
+    toast_starts = np.searchsorted(p.unchanged_rows, lines, side="left").astype(np.int64)
+    toast_starts = np.append(toast_starts, p.unchanged_rows.size).astype(np.int64)
+    sources = np.repeat(lines[:, None], len(p.names), axis=1).astype(np.int64)
+    state, last, listed, skipped, truncated_at = keyed_walk(
+        p.commit_order, p.op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot, toast_starts,
+        p.unchanged_columns.astype(np.int64), sources)
+    truncated_at = int(truncated_at)
 
-    upserts: list[tuple[int, Any]] = []  # (code, provenance)
-    deletes: list[int] = []  # codes
-    for code, prov in state.items():
-        before = None if truncated_at >= 0 else pre.get(code)
-        if prov is None:
-            if truncated_at < 0:
-                deletes.append(code)
-        elif prov != before:
-            upserts.append((code, prov))
-
-    # Where a code was first seen among the key arrays (new keys, then old keys).
-    all_codes = np.asarray(new_code + old_code, dtype=np.int64)
-    first_seen = {}
-    if all_codes.size:
-        uniq, where = np.unique(all_codes, return_index=True)
-        first_seen = dict(zip(uniq.tolist(), where.tolist()))
+    now = state[listed]
+    upserts = listed[now >= 0]  # a row now: an upsert (it is a change's row, never a "pre" one)
+    deletes = listed[now < 0] if truncated_at < 0 else listed[:0]  # after a truncate, it is gone anyway
 
     parts: list[pa.Table] = []
     schema = out_schema(p.rows.schema)
-    if upserts:
-        cols = {name: data[name].take(pa.array([_provenance(p, j) for _, p in upserts]))
-                for j, name in enumerate(names)}
-        deciding = [last.get(code, 0) for code, _ in upserts]
-        parts.append(_frame(schema, "upsert", seqs, ops, deciding, None, cols))
-    if deletes:
-        positions = pa.array([first_seen[c] for c in deletes])
-        cols = {name: pa.nulls(len(deletes), data[name].type) for name in names}
+    if upserts.size:
+        rows = state[upserts]
+        line = slot[rows]
+        toasted = line >= 0
+        cols = {}
+        for j, name in enumerate(p.names):
+            take = rows.copy()
+            take[toasted] = sources[line[toasted], j]
+            cols[name] = p.data[name].take(pa.array(take))
+        parts.append(_frame(schema, "upsert", p, last[upserts], None, cols))
+    if deletes.size:
+        # Where a code was first seen among the key arrays (new keys, then old keys).
+        uniq, where = np.unique(p.codes, return_index=True)
+        positions = pa.array(where[np.searchsorted(uniq, deletes)])
+        cols = {name: pa.nulls(deletes.size, p.data[name].type) for name in p.names}
         for k, arr in zip(spec.key, p.key_arrays):
             cols[k] = arr.take(positions).combine_chunks()
-        parts.append(_frame(schema, "delete", seqs, ops, [last[c] for c in deletes], None, cols))
-    return _ending(parts, schema, p, skipped, truncated_at)
+        parts.append(_frame(schema, "delete", p, last[deletes], None, cols))
+    return _ending(parts, schema, p, skipped, slot[skipped] >= 0, truncated_at)
 
 
-def _ending(parts: list[pa.Table], schema: pa.Schema, p: Prepared, skipped: list[tuple[int, str]],
-            truncated_at: int) -> pa.Table:
-    """``parts`` with the skipped changes and the truncate (if any) added, as one table."""
-    if skipped:
-        parts.append(_skipped_frame(schema, p, skipped))
+def _ending(parts: list[pa.Table], schema: pa.Schema, p: Prepared, skipped: np.ndarray,
+            skipped_toast: np.ndarray | None, truncated_at: int) -> pa.Table:
+    """``parts`` with the skipped changes (``skipped_toast``: which have unchanged-TOAST columns)
+    and the truncate (if any) added, as one table."""
+    if skipped.size:
+        parts.append(_skipped_frame(schema, p, skipped, skipped_toast))
     if truncated_at >= 0:
         cols = {name: pa.nulls(1, p.data[name].type) for name in p.names}
-        parts.append(_frame(schema, "truncate", p.seqs, p.ops, [truncated_at], None, cols))
+        parts.append(_frame(schema, "truncate", p, np.array([truncated_at], np.int64), None, cols))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _skipped_frame(schema: pa.Schema, p: Prepared, skipped: list[tuple[int, str]]) -> pa.Table:
+def _skipped_frame(schema: pa.Schema, p: Prepared, rows: np.ndarray, toast: np.ndarray | None) -> pa.Table:
     """The skipped changes, each with the row it looked for (a delete's old key, an update's new row)."""
-    rows = [i for i, _ in skipped]
     index = pa.array(rows)
-    is_delete = pa.array([p.ops[i] == "delete" for i in rows])
+    deleting = p.op[rows] == DELETE
+    is_delete = pa.array(deleting)
+    toasted = np.zeros(rows.size, dtype=bool) if toast is None else toast
+    reasons = [_skipped_reason("delete" if d else "update", bool(t))
+               for d, t in zip(deleting.tolist(), toasted.tolist())]
     cols = {name: pc.if_else(is_delete, _field(p.old, name).take(index), p.data[name].take(index))
             for name in p.names}
-    return _frame(schema, "skipped", p.seqs, p.ops, rows, [r for _, r in skipped], cols)
+    return _frame(schema, "skipped", p, rows, reasons, cols)
 
 
 def _multiset(p: Prepared) -> pa.Table:
-    data, ops, seqs, names = p.data, p.ops, p.seqs, p.names
-    new_code, old_code, has_old = p.new_code, p.old_code, p.has_old
-    pre: dict[int, int] = {}
-    count: dict[int, int] = {}
-    rep: dict[int, int] = {}  # code -> a row holding its values
-    last: dict[int, int] = {}
-    skipped: list[tuple[int, str]] = []
-    truncated_at = -1
+    n = p.rows.num_rows
+    pre, count, rep, last, listed, skipped, truncated_at = multiset_walk(
+        p.commit_order, p.op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
+    truncated_at = int(truncated_at)
 
-    def current(code: int) -> int:
-        if code in count:
-            return count[code]
-        return 0 if truncated_at >= 0 else pre.get(code, 0)
-
-    for i in p.order:
-        op = ops[i]
-        if op == "pre":
-            pre[new_code[i]] = pre.get(new_code[i], 0) + 1
-            rep.setdefault(new_code[i], i)
-            continue
-        if op == "truncate":
-            count.clear()
-            truncated_at = i
-            continue
-        if op != "insert":
-            src = old_code[i] if has_old[i] else new_code[i]
-            have = current(src)
-            if have == 0:
-                skipped.append((i, _skipped_reason(op, False)))
-                continue
-            count[src] = have - 1
-            last[src] = i
-            if op == "delete":
-                continue
-        code = new_code[i]
-        count[code] = current(code) + 1
-        rep[code] = i
-        last[code] = i
-
+    # Per code now holding a count: rows to insert (more than before), or all of the
+    # mirror's copies deleted and the ones left inserted again (fewer than before).
+    before = np.zeros(listed.size, np.int64) if truncated_at >= 0 else pre[listed]
+    final = count[listed]
+    changed = final != before
+    codes, before, final = listed[changed], before[changed], final[changed]
+    grows = final > before
+    lines = np.where(grows, final - before, 1 + final)  # output rows per code
+    of = np.repeat(np.arange(codes.size), lines)
+    starts = np.cumsum(lines) - lines
+    first = np.arange(of.size) - starts[of] == 0
+    delete_all = first & ~grows[of]
     schema = out_schema(p.rows.schema)
-    actions: list[tuple[str, int, int, int, int]] = []  # (action, value row, deciding row, +, -)
-    for code, final in count.items():
-        before = 0 if truncated_at >= 0 else pre.get(code, 0)
-        if final == before:
-            continue
-        if final > before:
-            actions += [("insert", rep[code], last[code], 1, 0)] * (final - before)
-        else:
-            actions.append(("delete_all", rep[code], last[code], 0, before - final))
-            actions += [("insert", rep[code], last[code], 0, 0)] * final
     parts: list[pa.Table] = []
-    if actions:
-        index = pa.array([a[1] for a in actions])
-        cols = {name: data[name].take(index) for name in names}
-        frame = _frame(schema, "", seqs, ops, [a[2] for a in actions], None, cols,
-                       actions=[a[0] for a in actions], inserted=[a[3] for a in actions],
-                       deleted=[a[4] for a in actions])
-        parts.append(frame)
-    return _ending(parts, schema, p, skipped, truncated_at)
+    if of.size:
+        index = pa.array(rep[codes][of])
+        cols = {name: p.data[name].take(index) for name in p.names}
+        parts.append(_frame(schema, "", p, last[codes][of], None, cols,
+                            actions=np.where(delete_all, 1, 0).astype(np.int32),
+                            inserted=grows[of].astype(np.int64),
+                            deleted=np.where(delete_all, (before - final)[of], 0).astype(np.int64)))
+    return _ending(parts, schema, p, skipped, None, truncated_at)
 
 
-def _frame(schema: pa.Schema, action: str, seqs: np.ndarray, ops: list[str], deciding: list[int],
-           reasons: list[str] | None, cols: dict[str, pa.Array], *, actions: list[str] | None = None,
-           inserted: list[int] | None = None, deleted: list[int] | None = None) -> pa.Table:
+def _frame(schema: pa.Schema, action: str, p: Prepared, deciding: np.ndarray, reasons: list[str] | None,
+           cols: dict[str, pa.Array], *, actions: np.ndarray | None = None,
+           inserted: np.ndarray | None = None, deleted: np.ndarray | None = None) -> pa.Table:
+    """Output rows: ``action`` for each (or ``actions``: 0 insert, 1 delete_all), the change that
+    decided each (``deciding``: rows of ``p``) and its operation, and ``cols``."""
     m = len(deciding)
+    deciding = np.asarray(deciding, dtype=np.int64)
+    if actions is not None:
+        kind = pa.DictionaryArray.from_arrays(pa.array(actions, pa.int32()), pa.array(["insert", "delete_all"]))
+        action_column = kind.cast(pa.string())
+    else:
+        action_column = pa.array([action] * m, pa.string())
+    op_column = pa.DictionaryArray.from_arrays(pa.array(p.op[deciding].astype(np.int32)),
+                                               pa.array(OPS, pa.string())).cast(pa.string())
     meta = [
-        pa.array(actions if actions is not None else [action] * m, pa.string()),
-        pa.array(seqs[deciding] if m else np.zeros(0, np.int64), pa.int64()),
-        pa.array([ops[i] for i in deciding], pa.string()),
-        pa.array(reasons if reasons is not None else [None] * m, pa.string()),
-        pa.array(inserted if inserted is not None else [0] * m, pa.int64()),
-        pa.array(deleted if deleted is not None else [0] * m, pa.int64()),
+        action_column,
+        pa.array(p.seqs[deciding] if m else np.zeros(0, np.int64), pa.int64()),
+        op_column,
+        pa.array(reasons, pa.string()) if reasons is not None else pa.nulls(m, pa.string()),
+        pa.array(inserted if inserted is not None else np.zeros(m, np.int64), pa.int64()),
+        pa.array(deleted if deleted is not None else np.zeros(m, np.int64), pa.int64()),
     ]
     data = [cols[f.name].cast(f.type) for f in list(schema)[len(OUT_FIELDS):]]
     return pa.Table.from_arrays([*meta, *data], schema=schema)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark.assemble.typed import change_schema
+from pgoutput_spark.mirroring import walk
 from pgoutput_spark.mirroring.net import TableSpec, joined_buckets, net_changes
 
 COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
@@ -166,6 +168,20 @@ def test_multiset_net_change_equals_row_by_row_apply(case, rnd):
     initial, changes = case
     out = net_changes(to_table(initial, changes, MULTISET, shuffle=rnd), MULTISET)
     assert _normal(merged(initial, out, MULTISET)) == _normal(reference(initial, changes, MULTISET))
+
+
+@pytest.mark.skipif(not hasattr(walk.keyed_walk, "py_func"), reason="numba is not installed: the walks are Python")
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([KEYED, MULTISET]), st.data())
+def test_the_compiled_walks_and_their_python_form_give_the_same_rows(spec, data):
+    """Where numba is missing, `walk`'s functions run as Python: the same rows, in the same order."""
+    initial, changes = data.draw(scenario(spec))
+    table = to_table(initial, changes, spec, shuffle=data.draw(st.randoms(use_true_random=False)))
+    compiled = net_changes(table, spec)
+    with mock.patch("pgoutput_spark.mirroring.net.keyed_walk", walk.keyed_walk.py_func), \
+            mock.patch("pgoutput_spark.mirroring.net.multiset_walk", walk.multiset_walk.py_func):
+        python = net_changes(table, spec)
+    assert python.equals(compiled)
 
 
 def _looks_up(row, spec):

@@ -317,15 +317,16 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
 def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
     n = p.rows.num_rows
     slot = np.full(n, -1, dtype=np.int64)
-    lines = np.unique(p.unchanged_rows)  # the rows with unchanged-TOAST columns, ascending
-    slot[lines] = np.arange(lines.size)
-    # unchanged_rows is ascending: each line's columns are one run of unchanged_columns.
-    toast_starts = np.searchsorted(p.unchanged_rows, lines, side="left").astype(np.int64)
-    toast_starts = np.append(toast_starts, p.unchanged_rows.size).astype(np.int64)
-    sources = np.repeat(lines[:, None], len(p.names), axis=1).astype(np.int64)
+    toasted_rows = np.unique(p.unchanged_rows)  # the rows with unchanged-TOAST columns, ascending
+    slot[toasted_rows] = np.arange(toasted_rows.size)
+    # unchanged_rows is ascending: each row's pairs (row, column) are one run of them.
+    toast_starts = np.append(np.searchsorted(p.unchanged_rows, toasted_rows, side="left"),
+                             p.unchanged_rows.size).astype(np.int64)
+    pair_columns = p.unchanged_columns.astype(np.int64)
+    sources = p.unchanged_rows.astype(np.int64)  # per pair: its own row, until the walk says otherwise
     state, last, listed, skipped, truncated_at = keyed_walk(
         p.commit_order, p.op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot, toast_starts,
-        p.unchanged_columns.astype(np.int64), sources)
+        pair_columns, sources)
     truncated_at = int(truncated_at)
 
     now = state[listed]
@@ -336,12 +337,18 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
     schema = out_schema(p.rows.schema)
     if upserts.size:
         rows = state[upserts]
-        line = slot[rows]
-        toasted = line >= 0
+        # The pairs of the upserts' rows: (upsert, column, the row its value comes from).
+        first = slot[rows]
+        has = np.flatnonzero(first >= 0)
+        sizes = toast_starts[first[has] + 1] - toast_starts[first[has]]
+        owner = np.repeat(has, sizes)
+        pairs = np.repeat(toast_starts[first[has]], sizes) + (np.arange(sizes.sum()) - np.repeat(
+            np.cumsum(sizes) - sizes, sizes))
         cols = {}
         for j, name in enumerate(p.names):
             take = rows.copy()
-            take[toasted] = sources[line[toasted], j]
+            mine = pair_columns[pairs] == j
+            take[owner[mine]] = sources[pairs[mine]]
             cols[name] = p.data[name].take(pa.array(take))
         parts.append(_frame(schema, "upsert", p, last[upserts], None, cols))
     if deletes.size:

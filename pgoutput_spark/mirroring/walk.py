@@ -107,17 +107,18 @@ def keyed_walk(order, op, new_code, old_code, has_old, n_codes, slot, toast_star
                sources):  # pragma: no cover - compiled
     """A keyed table's changes in ``order``.
 
-    ``slot[i]``: row ``i``'s line in ``sources`` if it has unchanged-TOAST columns
+    ``slot[i]``: if row ``i`` has unchanged-TOAST columns, its number among those rows
     (else -1); ``toast_columns[toast_starts[s]:toast_starts[s + 1]]``: the positions of
-    the unchanged columns of the row in line ``s``. ``sources`` (lines x columns,
-    each line filled with its own row) receives, for every update with unchanged
-    columns, the row each of its columns' values comes from: the value the row had.
+    the unchanged columns of row number ``s``, one *pair* (row, column) each.
+    ``sources`` (one per pair) receives, for every update that is applied, the row
+    each of its unchanged columns takes its value from: the row it updates, or the
+    row that one took that column from in turn.
 
     Returns ``(state, last, listed, skipped, truncated_at)``: per code, the row
     holding its values now (-1: no row; meaningful for ``listed`` codes, the codes
     the last epoch touched) and the change that last touched it; the skipped
-    changes; the row of the last truncate, or -1. A value of a row ``r`` comes from
-    ``sources[slot[r], j]`` for column ``j`` if ``slot[r] >= 0``, else from ``r``.
+    changes; the row of the last truncate, or -1. A row's value of column ``j`` comes
+    from ``sources`` of its pair for ``j`` if it has one, else from the row itself.
     """
     n = order.size
     pre = np.full(n_codes, -1, np.int64)
@@ -167,7 +168,11 @@ def keyed_walk(order, op, new_code, old_code, has_old, n_codes, slot, toast_star
                 t = slot[current]
                 for m in range(toast_starts[s], toast_starts[s + 1]):
                     j = toast_columns[m]
-                    sources[s, j] = sources[t, j] if t >= 0 else current
+                    sources[m] = current  # the row's own value of j, unless it took it from another
+                    if t >= 0:
+                        for m2 in range(toast_starts[t], toast_starts[t + 1]):
+                            if toast_columns[m2] == j:
+                                sources[m] = sources[m2]
         if epoch_of[c] != epoch:
             epoch_of[c] = epoch
             listed[n_listed] = c

@@ -136,8 +136,7 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
         parts.append(_table(schema, "version", cols, meta))
     if closed:
         rows_closing = pa.array(list(closed.values()))
-        first_seen = _first_seen(p.new_code + p.old_code)
-        positions = pa.array([first_seen[c] for c in closed])
+        positions = pa.array(p.first_positions(np.fromiter(closed, np.int64, len(closed))))
         cols = {name: pa.nulls(len(closed), p.data[name].type) for name in p.names}
         for k, arr in zip(spec.key, p.key_arrays):
             cols[k] = arr.take(positions).combine_chunks()
@@ -151,14 +150,6 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
         }
         parts.append(_table(schema, "close", cols, meta))
     return pa.concat_tables(parts) if parts else schema.empty_table()
-
-
-def _first_seen(codes: list[int]) -> dict[int, int]:
-    """Code -> first position among the key arrays (new keys, then old keys)."""
-    if not codes:
-        return {}
-    unique, where = np.unique(np.asarray(codes, dtype=np.int64), return_index=True)
-    return dict(zip(unique.tolist(), where.tolist()))
 
 
 def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict[str, pa.Array]) -> pa.Table:

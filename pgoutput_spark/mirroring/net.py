@@ -233,6 +233,11 @@ class Prepared:
     def n_codes(self) -> int:
         return int(self.codes.max()) + 1 if self.codes.size else 0
 
+    def first_positions(self, codes: np.ndarray) -> np.ndarray:
+        """Where each of ``codes`` is first seen among the key arrays (new keys, then old keys)."""
+        unique, where = np.unique(self.codes, return_index=True)
+        return where[np.searchsorted(unique, codes)]
+
     # The same as Python lists and dicts, for the history's walk (`history.history_changes`).
     @cached_property
     def ops(self) -> list[str]:
@@ -340,10 +345,10 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
         # The pairs of the upserts' rows: (upsert, column, the row its value comes from).
         first = slot[rows]
         has = np.flatnonzero(first >= 0)
-        sizes = toast_starts[first[has] + 1] - toast_starts[first[has]]
+        starts = toast_starts[first[has]]
+        sizes = toast_starts[first[has] + 1] - starts
         owner = np.repeat(has, sizes)
-        pairs = np.repeat(toast_starts[first[has]], sizes) + (np.arange(sizes.sum()) - np.repeat(
-            np.cumsum(sizes) - sizes, sizes))
+        pairs = np.repeat(starts, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))
         cols = {}
         for j, name in enumerate(p.names):
             take = rows.copy()
@@ -352,9 +357,7 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
             cols[name] = p.data[name].take(pa.array(take))
         parts.append(_frame(schema, "upsert", p, last[upserts], None, cols))
     if deletes.size:
-        # Where a code was first seen among the key arrays (new keys, then old keys).
-        uniq, where = np.unique(p.codes, return_index=True)
-        positions = pa.array(where[np.searchsorted(uniq, deletes)])
+        positions = pa.array(p.first_positions(deletes))
         cols = {name: pa.nulls(deletes.size, p.data[name].type) for name in p.names}
         for k, arr in zip(spec.key, p.key_arrays):
             cols[k] = arr.take(positions).combine_chunks()

@@ -100,6 +100,25 @@ if numba is not None:
 
         return numba.types.int64(src, at), codegen
 
+    @intrinsic
+    def _peek(typingctx, address, width):  # pragma: no cover - compiled
+        """The ``width`` (1 or 8, a literal) bytes at memory ``address`` as int64: an unaligned load,
+        zero-extended, in the machine's byte order. For walks over Arrow buffers by their
+        `pyarrow.Buffer.address`, which the caller keeps alive and bounds."""
+        if not isinstance(width, numba.types.IntegerLiteral) or width.literal_value not in (1, 8):
+            return None
+        bits = 8 * width.literal_value
+
+        def codegen(context, builder, signature, args):
+            from llvmlite import ir
+            pointer = builder.inttoptr(args[0], ir.IntType(bits).as_pointer())
+            value = builder.load(pointer, align=1)
+            return value if bits == 64 else builder.zext(value, ir.IntType(64))
+
+        return numba.types.int64(address, width), codegen
+else:  # pragma: no cover - exercised where numba is absent
+    _peek = None  # only compiled walks read memory by address (`net.key_codes` does without them)
+
 
 def _jit(function=None, **options):
     if function is None:

@@ -38,7 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..assemble.typed import data_fields
-from .walk import DELETE, OPS, keyed_walk, multiset_walk
+from ..decoder import kernel
+from .walk import (DELETE, HASH_SEED, OPS, hash_bytes, hash_words, keyed_walk, multiset_walk,
+                   number_hashes, same_bytes, same_words)
 
 Mode = Literal["keyed", "multiset"]
 
@@ -141,12 +143,122 @@ def key_codes_from(codes: Sequence[np.ndarray]) -> np.ndarray:
     return _dense(out) if len(codes) > 1 else out
 
 
-def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-    """One integer per row, equal for rows whose values are equal in every column."""
+def _fixed_width(kind: pa.DataType) -> bool:
+    """Whether values of ``kind`` are equal exactly when their bits are (as `pc.dictionary_encode`
+    finds them: bit for bit, floats too) and sit in one buffer of 1, 8, 16, 32 or k x 64 bits."""
+    if pa.types.is_struct(kind):
+        return all(_fixed_width(f.type) for f in kind)
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+            or pa.types.is_temporal(kind) or pa.types.is_decimal(kind) or pa.types.is_fixed_size_binary(kind)):
+        return False
+    return kind.bit_width in (1, 8, 16, 32) or kind.bit_width % 64 == 0
+
+
+def _fixed_words(values: pa.Array, words: list[np.ndarray], valid: list[np.ndarray]) -> None:
+    """Append the int64 words of a `_fixed_width` column (its bits, 0 where NULL) to ``words``
+    and, if it has NULLs, its validity (0 / 1) to ``valid``; a struct's fields follow it."""
+    n = len(values)
+    ok = np.asarray(values.is_valid()) if values.null_count else None
+    kind = values.type
+    if pa.types.is_struct(kind):
+        for i in range(kind.num_fields):
+            more: list[np.ndarray] = []
+            more_valid: list[np.ndarray] = []
+            _fixed_words(values.field(i), more, more_valid)
+            if ok is not None:  # a NULL struct's fields may hold anything
+                more = [np.where(ok, x, 0) for x in more]
+                more_valid = [np.where(ok, x, 0) for x in more_valid]
+            words.extend(more)
+            valid.extend(more_valid)
+    elif kind.bit_width == 1:
+        words.append(np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=np.int64))
+    else:
+        size = kind.bit_width // 8
+        data = values.buffers()[1]
+        raw = np.frombuffer(data, dtype=np.uint8, count=n * size, offset=values.offset * size) \
+            if n and data is not None else np.zeros(n * size, np.uint8)
+        if size in (1, 2, 4, 8):
+            column = [raw.view(f"<i{size}").astype(np.int64)]
+        else:
+            column = list(raw.view("<i8").reshape(n, size // 8).T)
+        words.extend(column if ok is None else [np.where(ok, x, 0) for x in column])
+    if ok is not None:
+        valid.append(ok.astype(np.int64))
+
+
+def _packed(valid: list[np.ndarray], n: int) -> list[np.ndarray]:
+    """Validity columns (0 / 1) packed 62 to an int64 word."""
+    out = []
+    for start in range(0, len(valid), 62):
+        word = np.zeros(n, np.int64)
+        for bit, v in enumerate(valid[start:start + 62]):
+            word |= v << bit
+        out.append(word)
+    return out
+
+
+def _byte_strings(kind: pa.DataType) -> bool:
+    return (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_large_binary(kind))
+
+
+def _var_column(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A byte-string column as each value's memory address (in its chunk's data buffer, which
+    ``values`` keeps alive) and length (-1: NULL), for `walk.hash_bytes` and `walk.same_bytes`."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    addresses, lengths = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for chunk in chunks:
+        if not len(chunk):
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if wide else np.int32,
+                                count=len(chunk) + 1, offset=chunk.offset * (8 if wide else 4))
+        data = chunk.buffers()[2]
+        length = np.diff(offsets).astype(np.int64)
+        if chunk.null_count:
+            length[~np.asarray(chunk.is_valid())] = -1
+        addresses.append(offsets[:-1].astype(np.int64) + (data.address if data is not None else 0))
+        lengths.append(length)
+    return np.concatenate(addresses), np.concatenate(lengths)
+
+
+def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int = -1) -> np.ndarray:
+    """One integer per row, equal for rows whose values are equal in every column (dense: ``0 .. k-1``).
+
+    Compiled (numba), in one pass per column: fixed-width columns give their bits, byte strings
+    their bytes (read in their Arrow buffers), other columns their `_column_codes`; every row
+    gets a 64-bit hash of them, `walk.number_hashes` numbers the rows by hash (in the order first
+    seen), and every row is checked against the first row of its number, value for value.
+    Without numba, or where two different rows' hashes meet (``hash_mask``: see
+    `walk.number_hashes`), the columns' codes are combined pairwise (`key_codes_from`).
+    On `bench_wide`'s 1,036,800 new and old rows of 20 columns: 0.64-0.68 s against 2.2-2.4 s
+    pairwise.
+    """
+    if kernel.numba is not None:
+        n = len(columns[0])
+        words: list[np.ndarray] = []
+        valid: list[np.ndarray] = []
+        var_columns: list[tuple[np.ndarray, np.ndarray]] = []
+        for column in columns:
+            if _fixed_width(column.type):
+                _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column, words, valid)
+            elif _byte_strings(column.type):
+                var_columns.append(_var_column(column))
+            else:
+                words.append(_column_codes(column))
+        words.extend(_packed(valid, n))
+        words = [np.ascontiguousarray(w, dtype=np.int64) for w in words]
+        hashes = np.full(n, HASH_SEED, dtype=np.uint64)
+        for w in words:
+            hash_words(hashes, w)
+        for address, length in var_columns:
+            hash_bytes(hashes, address, length)
+        codes, first = number_hashes(hashes, hash_mask)
+        if (all(same_words(w, first) for w in words)
+                and all(same_bytes(address, length, first) for address, length in var_columns)):
+            return codes
     codes = [_column_codes(c) for c in columns]
-    if len(codes) == 1:
-        return codes[0]
-    return key_codes_from(codes)
+    return codes[0] if len(codes) == 1 else key_codes_from(codes)
 
 
 def joined_buckets(n: int, pairs: Sequence[tuple[int, int]]) -> list[int]:

@@ -16,13 +16,20 @@ them.
 
 Without numba (`decoder.kernel` falls back to NumPy), the same functions run as
 plain Python: slower, same results (`tests/mirroring/test_net.py` runs both).
+
+The key codes themselves come from here too: `hash_words` and `hash_bytes` give
+every row a 64-bit hash of its key's values (byte strings read where Arrow keeps
+them, eight bytes at a time), `number_hashes` numbers the rows by hash, and
+`same_words` / `same_bytes` check every row against the first row of its number.
+These read memory by address and need numba; without it `net.key_codes` combines
+per-column codes instead.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..decoder.kernel import _jit
+from ..decoder.kernel import _jit, _peek
 
 #: The change operations, numbered as the walks read them (``_op`` of a change row).
 OPS = ("pre", "insert", "update", "delete", "truncate")
@@ -180,3 +187,120 @@ def keyed_walk(order, op, new_code, old_code, has_old, n_codes, slot, toast_star
         state[c] = i
         last[c] = i
     return state, last, listed[:n_listed], skipped[:n_skipped], truncated_at
+
+
+# -- key codes (`net.key_codes`): rows numbered by a hash of their values, then checked ------------
+
+@_jit(inline="always")
+def _mix(h, word):  # pragma: no cover - compiled
+    h = (h ^ np.uint64(word)) * np.uint64(0x9E3779B97F4A7C15)
+    return h ^ (h >> np.uint64(29))
+
+
+@_jit(inline="always")
+def _tail(address, end):  # pragma: no cover - compiled
+    """The 0-7 bytes from ``address`` to ``end`` as one word."""
+    word = np.int64(0)
+    for q in range(address, end):
+        word = (word << np.int64(8)) | _peek(q, 1)
+    return word
+
+
+#: The rows' hashes start from it (`hash_words`, `hash_bytes`).
+HASH_SEED = 0x243F6A8885A308D3
+
+
+@_jit
+def hash_words(hashes, words):  # pragma: no cover - compiled
+    """Mix one int64 word per row into the rows' ``hashes`` (uint64, in place)."""
+    for i in range(hashes.size):
+        hashes[i] = _mix(hashes[i], words[i])
+
+
+@_jit
+def hash_bytes(hashes, address, length):  # pragma: no cover - compiled
+    """Mix one byte string per row (its memory address, in an Arrow buffer the caller holds, and
+    its length, -1 for NULL) into the rows' ``hashes``, eight bytes at a time."""
+    for i in range(hashes.size):
+        size = length[i]
+        h = _mix(hashes[i], size)
+        if size > 0:
+            p = address[i]
+            end = p + size
+            while end - p >= 8:
+                h = _mix(h, _peek(p, 8))
+                p += 8
+            h = _mix(h, _tail(p, end))
+        hashes[i] = h
+
+
+@_jit
+def number_hashes(hashes, hash_mask):  # pragma: no cover - compiled
+    """Dense codes ``0 .. k-1`` of the rows' ``hashes``, numbered in the order first seen, and per
+    row the first row with its hash. An open-addressing table, at most half full. ``hash_mask``
+    keeps bits of the hash (-1: all; tests make hashes meet with fewer)."""
+    n = hashes.size
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    keep = np.uint64(hash_mask)
+    table = np.full(size, -1, np.int64)
+    final = np.empty(n, np.uint64)
+    codes = np.empty(n, np.int64)
+    first = np.empty(n, np.int64)
+    k = 0
+    for i in range(n):
+        h = hashes[i]
+        h ^= h >> np.uint64(32)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+        h &= keep
+        final[i] = h
+        s = h & mask
+        while True:
+            r = table[s]
+            if r < 0:
+                table[s] = i
+                codes[i] = k
+                first[i] = i
+                k += 1
+                break
+            if final[r] == h:
+                codes[i] = codes[r]
+                first[i] = r
+                break
+            s = (s + np.uint64(1)) & mask
+    return codes, first
+
+
+@_jit
+def same_words(words, first):  # pragma: no cover - compiled
+    """Whether every row's word equals the word of row ``first[row]``."""
+    for i in range(words.size):
+        if words[i] != words[first[i]]:
+            return False
+    return True
+
+
+@_jit
+def same_bytes(address, length, first):  # pragma: no cover - compiled
+    """Whether every row's byte string (see `hash_bytes`) equals the one of row ``first[row]``."""
+    for i in range(length.size):
+        r = first[i]
+        if r == i:
+            continue
+        size = length[i]
+        if length[r] != size:
+            return False
+        if size <= 0:
+            continue
+        a, b = address[r], address[i]
+        q = 0
+        while size - q >= 8:
+            if _peek(a + q, 8) != _peek(b + q, 8):
+                return False
+            q += 8
+        if _tail(a + q, a + size) != _tail(b + q, b + size):
+            return False
+    return True

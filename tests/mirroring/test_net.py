@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import struct
 import zlib
 from collections import Counter
 from unittest import mock
@@ -12,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark.assemble.typed import change_schema
+from pgoutput_spark.decoder import kernel
 from pgoutput_spark.mirroring import walk
 from pgoutput_spark.mirroring.net import TableSpec, joined_buckets, net_changes
 
@@ -179,7 +183,8 @@ def test_the_compiled_walks_and_their_python_form_give_the_same_rows(spec, data)
     table = to_table(initial, changes, spec, shuffle=data.draw(st.randoms(use_true_random=False)))
     compiled = net_changes(table, spec)
     with mock.patch("pgoutput_spark.mirroring.net.keyed_walk", walk.keyed_walk.py_func), \
-            mock.patch("pgoutput_spark.mirroring.net.multiset_walk", walk.multiset_walk.py_func):
+            mock.patch("pgoutput_spark.mirroring.net.multiset_walk", walk.multiset_walk.py_func), \
+            mock.patch.object(kernel, "numba", None):  # key codes combined pairwise, numbered otherwise
         python = net_changes(table, spec)
     assert python.equals(compiled)
 
@@ -327,3 +332,89 @@ def test_key_codes_are_equal_exactly_for_equal_nested_values(data):
     for i in range(n):
         for j in range(n):
             assert (codes[i] == codes[j]) == (rows[i] == rows[j]), (rows[i], rows[j])
+
+
+# -- key codes of flat values ----------------------------------------------------------------------
+
+def _bits(value):
+    """A float by its bits (-0.0 apart from 0.0, NaNs by payload), as Arrow's hashing sees it."""
+    return ("float", struct.pack("<d", value)) if isinstance(value, float) else value
+
+
+_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+_FLAT = {
+    "int8": (pa.int8(), st.integers(-1, 1)),
+    "int64": (pa.int64(), st.sampled_from([0, 1, -1, 2**62, -(2**63)])),
+    "uint16": (pa.uint16(), st.integers(0, 2)),
+    "float64": (pa.float64(), st.sampled_from([0.0, -0.0, 1.5, float("nan"), _NAN, float("inf")])),
+    "float32": (pa.float32(), st.sampled_from([0.0, -0.0, 1.5, float("inf")])),
+    "bool": (pa.bool_(), st.booleans()),
+    "numeric": (pa.decimal128(10, 2), st.sampled_from([decimal.Decimal(v) for v in ("0", "1.0", "1.00", "-1.5")])),
+    "timestamptz": (pa.timestamp("us", tz="UTC"), st.sampled_from(
+        [datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc),
+         datetime.datetime(2020, 1, 1, 0, 0, 0, 1, tzinfo=datetime.timezone.utc)])),
+    "date": (pa.date32(), st.sampled_from([datetime.date(2000, 1, 1), datetime.date(1970, 1, 1)])),
+    "uuid": (pa.binary(16), st.sampled_from([b"\0" * 16, b"\1" * 16, b"\0" * 15 + b"\1"])),
+    # Byte strings around the eight-byte steps of the hash and of the comparison.
+    "text": (pa.string(),
+             st.sampled_from(["", "a", "b", "ab", "abcdefgh", "abcdefgh1", "abcdefgh2", "abcdefgi1", "x" * 17])),
+    "bytea": (pa.binary(), st.sampled_from([b"", b"\0", b"\1", b"\0\0", b"12345678", b"12345679"])),
+    "large text": (pa.large_string(), st.sampled_from(["", "b", "bbbbbbbbbb"])),
+    "point": (pa.struct([("x", pa.float64()), ("y", pa.int32())]), st.fixed_dictionaries(
+        {"x": st.none() | st.sampled_from([0.0, -0.0]), "y": st.none() | st.integers(0, 1)})),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_key_codes_are_equal_exactly_for_equal_flat_values(data):
+    """Fixed-width values by their bits, byte strings by their bytes, in chunks and sliced, NULL
+    apart from empty and from zero: equal codes iff equal values, numbered 0 .. k-1; also where
+    the hashes are cut to a few bits so that different rows meet (the codes are then found
+    another way)."""
+    from pgoutput_spark.mirroring.net import key_codes
+
+    kinds = data.draw(st.lists(st.sampled_from(sorted(_FLAT)), min_size=1, max_size=4))
+    n = data.draw(st.integers(1, 14))
+    columns, values = [], []
+    for kind in kinds:
+        arrow_type, strategy = _FLAT[kind]
+        skip = data.draw(st.integers(0, 2))
+        column = data.draw(st.lists(st.none() | strategy, min_size=n + skip, max_size=n + skip))[skip:]
+        cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+        parts = [column[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+        # Each chunk with an offset into its buffers.
+        columns.append(pa.chunked_array([pa.array([None, *part], arrow_type).slice(1) for part in parts],
+                                        arrow_type))
+        values.append(column)
+    hash_mask = data.draw(st.sampled_from([-1, -1, 0, 1, 3]))
+    codes = key_codes(columns, hash_mask=hash_mask)
+    rows = [tuple(_python_key(_bits(v[i]) if not isinstance(v[i], dict)
+                              else {k: _bits(x) for k, x in v[i].items()}) for v in values) for i in range(n)]
+    assert sorted(set(codes.tolist())) == list(range(len(set(rows))))
+    for i in range(n):
+        for j in range(n):
+            assert (codes[i] == codes[j]) == (rows[i] == rows[j]), (rows[i], rows[j])
+
+
+@pytest.mark.parametrize(("arrow_type", "a", "b"), [
+    (pa.string(), "a", "b"),  # the same length, apart in the last bytes (not a whole word)
+    (pa.string(), "abcdefgh", "abcdefgi"),  # apart in the one word
+    (pa.string(), "abcdefgh1", "abcdefgh2"),  # a word alike, apart in the bytes after it
+    (pa.string(), "", None),
+    (pa.binary(), b"\0", b""),
+    (pa.large_binary(), b"12345678" * 3, b"12345678" * 2 + b"12345679"),
+    (pa.float64(), 0.0, -0.0),
+    (pa.int64(), 0, None),
+    (pa.decimal128(20, 0), decimal.Decimal(2**64), decimal.Decimal(0)),  # apart in the second word only
+    (pa.struct([("x", pa.int32())]), {"x": None}, None),
+])
+def test_rows_apart_in_one_column_are_told_apart_when_their_hashes_meet(arrow_type, a, b):
+    """Every row is checked against the row its hash numbered it with, column by column and byte by
+    byte: with the hash cut to no bits, every row meets the first."""
+    from pgoutput_spark.mirroring.net import key_codes
+
+    same = pa.array(["x" * 9] * 3)
+    for hash_mask in (-1, 0):
+        codes = key_codes([same, pa.array([a, b, a], arrow_type), same], hash_mask=hash_mask)
+        assert codes[0] == codes[2] != codes[1]

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..convert.dispatch import ARROW_ERRORS, convert, first_failure, text_type
+from ..decoder import arrow as ab
 from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
 from ..lsn import Lsn
@@ -120,6 +121,28 @@ def _kinds(tuples: pa.ListArray) -> dict[str, np.ndarray]:
     return {k: np.asarray(pc.fill_null(pc.equal(kind, k), False)) for k in "tbu"}
 
 
+def _spread(values: pa.Array, present: np.ndarray) -> pa.Array:
+    """``values`` (one per true ``present``) spread over ``present``'s rows, NULL elsewhere.
+
+    Byte strings keep their data buffer (the missing rows are empty there): a wide table's text
+    is not copied a second time after `_tuple_values`; other types are gathered by a ``take``.
+    """
+    kind = values.type
+    wide = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)
+    if not (wide or pa.types.is_string(kind) or pa.types.is_binary(kind)):
+        return values.take(pa.array(np.cumsum(present) - 1, mask=~present))
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if wide else np.int32,
+                            count=len(values) + 1, offset=values.offset * (8 if wide else 4))
+    before = np.cumsum(present) - present  # per row, the values before it
+    spread_offsets = np.append(offsets[before], offsets[-1])
+    valid = present.copy()
+    if values.null_count:
+        valid[present] = np.asarray(values.is_valid())
+    return pa.Array.from_buffers(kind, present.size, [ab.bitmap(valid), pa.py_buffer(spread_offsets),
+                                                      values.buffers()[2]],
+                                 null_count=int(present.size - np.count_nonzero(valid)))
+
+
 def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.ndarray,
                  version: RelationVersion, history: RelationHistory, schema: pa.Schema,
                  batch: pa.RecordBatch, side: str) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -149,7 +172,7 @@ def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.nd
     values, index = _tuple_values(tuples, have, width)
     text, binary = kinds["t"][index], kinds["b"][index]
     unchanged[present] = kinds["u"][index].reshape(width, -1).T
-    spread = None if have.size == rows.size else pa.array(np.cumsum(present) - 1, mask=~present)
+    spread = None if have.size == rows.size else present
     m = have.size
     for j, column in enumerate(version.columns):
         part = slice(j * m, (j + 1) * m)
@@ -158,7 +181,7 @@ def _typed_tuple(tuples: pa.ListArray, kinds: dict[str, np.ndarray], rows: np.nd
                                     schema.field(column.name).type)
         except TypeConversionError as exc:
             raise _at_change(exc, version, column.name, batch, have, side) from exc
-        out[column.name] = typed if spread is None else typed.take(spread)
+        out[column.name] = typed if spread is None else _spread(typed, spread)
     return out, unchanged
 
 

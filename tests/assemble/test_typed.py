@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgoutput_spark.assemble.relations import (
     RelationHistory,
     RelationVersion,
     UnknownRelationError,
 )
-from pgoutput_spark.assemble.typed import change_schema, typed_changes
+from pgoutput_spark.assemble.typed import _spread, change_schema, typed_changes
 from pgoutput_spark.decoder.batch import decode_batch
 from pgoutput_spark.errors import TypeConversionError
 
@@ -186,3 +188,23 @@ def test_a_value_the_columns_later_type_cannot_hold_names_the_change():
     fine = pa.array([False, True, False, False, True])
     assert [r["s"] for r in typed_changes(batch.filter(fine), 1, history,
                                           change_schema(history.table_columns(1))).to_pylist()] == [12, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_values_spread_over_their_rows_equal_arrows_take(data):
+    """A tuple side's typed values spread over the batch's rows (NULL where a row has no tuple):
+    byte strings by new offsets into the same data buffer, equal to Arrow's ``take``."""
+    arrow_type = data.draw(st.sampled_from([pa.string(), pa.binary(), pa.large_string(), pa.int64()]))
+    present = np.array(data.draw(st.lists(st.booleans(), min_size=1, max_size=12)))
+    skip = data.draw(st.integers(0, 2))
+    texts = st.none() | st.sampled_from(["", "a", "bcd", "xyzxyzxyz"])
+    values = data.draw(st.lists(texts, min_size=int(present.sum()) + skip, max_size=int(present.sum()) + skip))
+    if arrow_type == pa.binary():
+        values = [None if v is None else v.encode() for v in values]
+    elif arrow_type == pa.int64():
+        values = [None if v is None else len(v) for v in values]
+    array = pa.array(values, arrow_type).slice(skip)
+    spread = _spread(array, present)
+    spread.validate(full=True)
+    assert spread.equals(array.take(pa.array(np.cumsum(present) - 1, mask=~present)))

@@ -3,15 +3,18 @@
 ``YYYY-MM-DD``, ``YYYY-MM-DD HH:MM:SS[.f{1,6}]`` and, for timestamptz, a
 ``±HH[:MM[:SS]]`` offset after it, with a four-digit year and no `` BC``: that
 is nearly every value PostgreSQL prints, and it is read by position, one
-byte column at a time over the whole batch (no regex). Values of any other
-shape (``infinity``, BC, five-digit years, garbage) are left to the regex
-parser of `dates`, which also words the errors.
+byte column at a time over the whole batch (no regex), or, with numba, by a
+compiled loop over the values' bytes (`_iso_walk`: the same fields, a tenth of
+the time). Values of any other shape (``infinity``, BC, five-digit years,
+garbage) are left to the regex parser of `dates`, which also words the errors.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..decoder import kernel
+from ..decoder.kernel import _jit
 from .raw import RawValues
 
 _DIGIT0 = ord("0")
@@ -54,8 +57,106 @@ class _Columns:
         return np.asarray(self.at(position) == ord(c))
 
 
+#: The fields `_iso_walk` fills, in its output's column order.
+_FIELDS = ("year", "month", "day", "hour", "minute", "second", "fraction", "zone_sign", "zone_hour",
+           "zone_minute", "zone_second")
+
+
+@_jit(inline="always")
+def _byte(data, start, length, p):  # pragma: no cover - compiled
+    return np.int64(data[start + p]) if p < length else np.int64(0)
+
+
+@_jit(inline="always")
+def _number(data, start, length, p, count):  # pragma: no cover - compiled
+    """(all digits, their value) of the ``count`` bytes at ``p``."""
+    good = True
+    value = np.int64(0)
+    for q in range(p, p + count):
+        d = _byte(data, start, length, q) - _DIGIT0
+        good = good and 0 <= d <= 9
+        value = value * 10 + d
+    return good, value
+
+
+@_jit
+def _iso_walk(starts, lengths, data, rows, time, zone, fields, ok):  # pragma: no cover - compiled
+    """`iso_fields` value by value: ``fields`` (values x `_FIELDS`) and ``ok`` filled in place."""
+    for i in range(starts.size):
+        if not rows[i]:
+            ok[i] = False
+            continue
+        start, length = starts[i], lengths[i]
+        good = _byte(data, start, length, 4) == 45 and _byte(data, start, length, 7) == 45  # '-'
+        g, fields[i, 0] = _number(data, start, length, 0, 4)
+        good = good and g
+        g, fields[i, 1] = _number(data, start, length, 5, 2)
+        good = good and g
+        g, fields[i, 2] = _number(data, start, length, 8, 2)
+        good = good and g
+        end = 10
+        if time:
+            good = (good and _byte(data, start, length, 10) == 32 and _byte(data, start, length, 13) == 58
+                    and _byte(data, start, length, 16) == 58)  # ' ', ':', ':'
+            for f, p in ((3, 11), (4, 14), (5, 17)):
+                g, fields[i, f] = _number(data, start, length, p, 2)
+                good = good and g
+            fraction = np.int64(0)
+            digits = 0
+            if _byte(data, start, length, 19) == 46:  # '.'
+                while digits < 6:
+                    d = _byte(data, start, length, 20 + digits) - _DIGIT0
+                    if not 0 <= d <= 9:
+                        break
+                    fraction = fraction * 10 + d
+                    digits += 1
+                good = good and digits > 0
+                end = 20 + digits
+            else:
+                end = 19
+            fields[i, 6] = fraction * 10 ** (6 - digits)
+        if zone:
+            sign = _byte(data, start, length, end)
+            g, fields[i, 8] = _number(data, start, length, end + 1, 2)
+            good = good and (sign == 43 or sign == 45) and g  # '+', '-'
+            fields[i, 7] = sign == 45
+            fields[i, 9] = 0
+            fields[i, 10] = 0
+            if _byte(data, start, length, end + 3) == 58:
+                g, fields[i, 9] = _number(data, start, length, end + 4, 2)
+                good = good and g
+                if _byte(data, start, length, end + 6) == 58:
+                    g, fields[i, 10] = _number(data, start, length, end + 7, 2)
+                    good = good and g
+                    end += 3
+                end += 3
+            end += 3
+        ok[i] = good and end == length
+
+
 def iso_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(fields, ok): the fields `dates.extract_fields` would give, valid where `ok`."""
+    if kernel.numba is not None:
+        return _compiled_fields(raw, time=time, zone=zone)
+    return _numpy_fields(raw, time=time, zone=zone)
+
+
+def _compiled_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    width = 35 if zone else 26 if time else 10
+    rows = raw.valid & (raw.lengths >= 10) & (raw.lengths <= width)
+    matrix = np.zeros((raw.n, len(_FIELDS)), dtype=np.int64)
+    ok = np.zeros(raw.n, dtype=bool)
+    _iso_walk(raw.starts, raw.lengths, raw.data, rows, time, zone, matrix, ok)
+    fields = {"bc": np.zeros(raw.n, dtype=bool)}
+    used = _FIELDS[:3] + (_FIELDS[3:7] if time else ()) + (_FIELDS[7:] if zone else ())
+    for name in used:
+        column = np.ascontiguousarray(matrix[:, _FIELDS.index(name)])
+        fields[name] = column.astype(bool) if name == "zone_sign" else column
+    return fields, ok
+
+
+def _numpy_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`iso_fields` by byte columns over the whole batch (where numba is missing)."""
     width = 35 if zone else 26 if time else 10
     rows = raw.valid & (raw.lengths >= 10) & (raw.lengths <= width)
     c = _Columns(raw, width, rows)

@@ -322,3 +322,33 @@ def _array_out(items: list[str | None]) -> bytes:
 def test_text_array_tokenizer_round_trips(rows: list[list[str | None]]) -> None:
     values = pa.array([_array_out(items) for items in rows], pa.binary())
     assert convert(values, PgType(1009), format="text").to_pylist() == rows
+
+
+# -- the ISO fast path: compiled and NumPy forms ---------------------------------------------------
+
+_ISO_PIECES = st.tuples(
+    st.sampled_from(["2024", "0044", "12345", "999", "20a4"]),
+    st.sampled_from(["-01-31", "-12-01", "-1-31", "/01/31", "-01-3"]),
+    st.sampled_from(["", " 12:34:56", " 00:00:00", " 23:59:5", " 12-34:56", "T12:34:56"]),
+    st.sampled_from(["", ".", ".1", ".123456", ".1234567", ".12a"]),
+    st.sampled_from(["", "+00", "-05", "+05:30", "+00:19:32", "+0", "-05:3", "+05:30:1", "~00", " BC"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.none() | _ISO_PIECES.map("".join) | st.text(max_size=36), min_size=1, max_size=20),
+       st.sampled_from([(False, False), (True, False), (True, True)]))
+def test_the_compiled_iso_fields_equal_the_numpy_ones(texts, shape):
+    """Dates and timestamps of the usual shape and near misses: the same values read, the same
+    fields for them (the rest goes to the regex parser either way)."""
+    from pgoutput_spark.convert import iso
+    from pgoutput_spark.convert.raw import RawValues
+
+    time, zone = shape
+    raw = RawValues(pa.array([b"x", *(None if t is None else t.encode() for t in texts)], pa.binary()).slice(1))
+    compiled, ok = iso._compiled_fields(raw, time=time, zone=zone)
+    numpy_fields, numpy_ok = iso._numpy_fields(raw, time=time, zone=zone)
+    assert ok.tolist() == numpy_ok.tolist()
+    assert set(compiled) == set(numpy_fields)
+    for name, values in compiled.items():
+        assert values[ok].tolist() == numpy_fields[name][ok].tolist(), name

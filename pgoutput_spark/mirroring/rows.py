@@ -92,7 +92,7 @@ def converted(batches: Iterable[pa.RecordBatch],
     A table's net change needs all of its rows in one task; the largest table's task is often
     the last one running, with the other cores idle. Arrow, NumPy and the compiled kernels let
     go of the GIL, so its conversion spreads over two cores (`bench_wide`'s 518,400 rows:
-    3.5-4.6 s of wall clock against 5.2-8.2 s, for about a fifth more CPU time). A task of
+    3.5-4.6 s of wall clock against 5.2-8.2 s, for about a third more CPU time). A task of
     one batch (small runs) starts no thread. An error stops the task as it did in one thread.
     """
     incoming = iter(batches)

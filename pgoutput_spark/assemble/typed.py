@@ -127,18 +127,15 @@ def _spread(values: pa.Array, present: np.ndarray) -> pa.Array:
     Byte strings keep their data buffer (the missing rows are empty there): a wide table's text
     is not copied a second time after `_tuple_values`; other types are gathered by a ``take``.
     """
-    kind = values.type
-    wide = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)
-    if not (wide or pa.types.is_string(kind) or pa.types.is_binary(kind)):
+    if not ab.is_byte_strings(values.type):
         return values.take(pa.array(np.cumsum(present) - 1, mask=~present))
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if wide else np.int32,
-                            count=len(values) + 1, offset=values.offset * (8 if wide else 4))
+    offsets = ab.value_offsets(values)
     before = np.cumsum(present) - present  # per row, the values before it
     spread_offsets = np.append(offsets[before], offsets[-1])
     valid = present.copy()
     if values.null_count:
         valid[present] = np.asarray(values.is_valid())
-    return pa.Array.from_buffers(kind, present.size, [ab.bitmap(valid), pa.py_buffer(spread_offsets),
+    return pa.Array.from_buffers(values.type, present.size, [ab.bitmap(valid), pa.py_buffer(spread_offsets),
                                                       values.buffers()[2]],
                                  null_count=int(present.size - np.count_nonzero(valid)))
 

@@ -142,9 +142,14 @@ def iso_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.
     return _numpy_fields(raw, time=time, zone=zone)
 
 
-def _compiled_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _candidates(raw: RawValues, *, time: bool, zone: bool) -> tuple[int, np.ndarray]:
+    """The longest usual shape, and the values whose length fits one."""
     width = 35 if zone else 26 if time else 10
-    rows = raw.valid & (raw.lengths >= 10) & (raw.lengths <= width)
+    return width, raw.valid & (raw.lengths >= 10) & (raw.lengths <= width)
+
+
+def _compiled_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    _, rows = _candidates(raw, time=time, zone=zone)
     matrix = np.zeros((raw.n, len(_FIELDS)), dtype=np.int64)
     ok = np.zeros(raw.n, dtype=bool)
     _iso_walk(raw.starts, raw.lengths, raw.data, rows, time, zone, matrix, ok)
@@ -158,8 +163,7 @@ def _compiled_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[st
 
 def _numpy_fields(raw: RawValues, *, time: bool, zone: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """`iso_fields` by byte columns over the whole batch (where numba is missing)."""
-    width = 35 if zone else 26 if time else 10
-    rows = raw.valid & (raw.lengths >= 10) & (raw.lengths <= width)
+    width, rows = _candidates(raw, time=time, zone=zone)
     c = _Columns(raw, width, rows)
     ok = rows & c.char(4, "-") & c.char(7, "-")
     fields: dict[str, np.ndarray] = {"bc": np.zeros(raw.n, dtype=bool)}

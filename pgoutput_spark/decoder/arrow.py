@@ -8,6 +8,20 @@ import pyarrow as pa
 from .reader import BatchReader, ErrorCode
 
 
+def is_byte_strings(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is (large) string or binary: offsets, then the values' bytes."""
+    return (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_large_binary(kind))
+
+
+def value_offsets(array: pa.Array) -> np.ndarray:
+    """The ``len(array) + 1`` offsets of a non-empty `is_byte_strings` array into its data buffer,
+    as stored (int32, or int64 for the large types), without a copy."""
+    wide = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    return np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32, count=len(array) + 1,
+                         offset=array.offset * (8 if wide else 4))
+
+
 def mask_array(valid: np.ndarray) -> pa.Array | None:
     """An Arrow validity mask (True = NULL) or None when everything is valid."""
     return None if valid.all() else pa.array(~valid)

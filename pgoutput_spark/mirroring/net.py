@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..assemble.typed import data_fields
+from ..decoder import arrow as ab
 from ..decoder import kernel
 from .walk import (DELETE, HASH_SEED, OPS, hash_bytes, hash_words, keyed_walk, multiset_walk,
                    number_hashes, same_bytes, same_words)
@@ -197,22 +198,15 @@ def _packed(valid: list[np.ndarray], n: int) -> list[np.ndarray]:
     return out
 
 
-def _byte_strings(kind: pa.DataType) -> bool:
-    return (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_large_binary(kind))
-
-
 def _var_column(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """A byte-string column as each value's memory address (in its chunk's data buffer, which
     ``values`` keeps alive) and length (-1: NULL), for `walk.hash_bytes` and `walk.same_bytes`."""
     chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
     addresses, lengths = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for chunk in chunks:
         if not len(chunk):
             continue
-        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if wide else np.int32,
-                                count=len(chunk) + 1, offset=chunk.offset * (8 if wide else 4))
+        offsets = ab.value_offsets(chunk)
         data = chunk.buffers()[2]
         length = np.diff(offsets).astype(np.int64)
         if chunk.null_count:
@@ -242,7 +236,7 @@ def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int =
         for column in columns:
             if _fixed_width(column.type):
                 _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column, words, valid)
-            elif _byte_strings(column.type):
+            elif ab.is_byte_strings(column.type):
                 var_columns.append(_var_column(column))
             else:
                 words.append(_column_codes(column))

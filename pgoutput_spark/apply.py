@@ -214,8 +214,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     say = progress or (lambda line: None)
     say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if redone else ""))
-    # Tuples deferred to the table tasks: the run caches and moves one binary per change.
-    decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan,
+    # Tuples deferred to the table tasks: the run caches and moves one value per change (its
+    # bytes typed as a string, which Spark caches with one copy instead of three).
+    decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,
                      initially_in_stream=lease.scan.last_stream_xid is not None).persist()
     # Source column names may differ only in case ("id", "Id"): resolve names exactly while
     # this run builds and merges its frames (the child sessions copy the setting).
@@ -512,7 +513,8 @@ class _Rebuild:
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
         """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
         replayed, _ = one_row_per_message(self.capture.where(F.col("seq") <= hi))
-        everything = decode(replayed, on_error=self.on_error, tuples=False, positions=ScanState()).persist()
+        everything = decode(replayed, on_error=self.on_error, tuples=False, positions=ScanState(),
+                            raw_as_string=True).persist()
         assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
         committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []

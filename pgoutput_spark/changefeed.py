@@ -166,7 +166,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     window, repeated = one_row_per_message(window)  # before the run is recorded: a bad landing changes nothing
     if not started:
         state.record("started", lo if lo is not None else -1, hi, scan_in)
-    decoded = decode(window, on_error=on_error, tuples=False,  # decoded in the table tasks
+    decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
                      positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
     say = progress or (lambda line: None)
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"

@@ -352,13 +352,15 @@ def restore_tuples(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode the deferred tuples of ``batch`` (rows of `decode_batch` with ``tuples=False``).
 
     ``batch`` needs ``seq``, ``message_type``, ``in_stream`` and ``raw``
-    (``lsn``, ``error`` and ``change`` if present). Good change rows with
-    ``raw`` get their ``change`` decoded from it; other rows (those decoded
+    (binary, or the same bytes typed as a string), and ``lsn``, ``error`` and
+    ``change`` if present. Good change rows with ``raw`` get their ``change`` decoded from it; other rows (those decoded
     with their tuples, truncates, failed messages) keep theirs, or NULL
     without a ``change`` column, which is then added. ``raw`` is left as it is.
     """
     names = batch.schema.names
     raw = batch.column("raw")
+    if pa.types.is_string(raw.type):  # the bytes carried as text (`decode`'s ``raw_as_string``)
+        raw = raw.view(pa.binary())
     if raw.null_count == len(raw) and "change" in names:
         return batch
     n = batch.num_rows

@@ -391,8 +391,9 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     messages = decoded.where(F.col("error").isNull())
     scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit)
     decoded_columns = [c for c in decoded.columns if c not in POSITION_COLUMNS]
-    if pending is not None:
-        scanned = scanned.unionByName(pending.select(*scanned.columns))
+    if pending is not None:  # saved with ``raw`` binary; the run's may carry it as a string
+        scanned = scanned.unionByName(pending.select(
+            *(F.col(c).cast(scanned.schema["raw"].dataType).alias(c) if c == "raw" else c for c in scanned.columns)))
     if not set(POSITION_COLUMNS) <= set(decoded.columns):  # else its uses read ``decoded`` (cached)
         scanned = scanned.persist()
     controls = _controls(scanned)
@@ -510,10 +511,12 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     the table's statistics show rows before ``lo``.
     """
     from ..mirroring.delta import path_table, txn_append
+    from .decode import raw_bytes
 
     spark = assembled.scanned.sparkSession
     # Most runs end with nothing open, which the driver knows: no job for them.
-    rows = assembled.open_rows.withColumn("_run_hi", F.lit(hi)).persist() if assembled.may_leave_open else None
+    rows = assembled.open_rows.withColumns({"raw": raw_bytes(assembled.open_rows), "_run_hi": F.lit(hi)}).persist() \
+        if assembled.may_leave_open else None
     try:
         n_open = rows.count() if rows is not None else 0  # the save then reads the cached rows
         before = None if lo is None or _oldest_run_hi(spark, path) >= lo else f"_run_hi < {int(lo)}"

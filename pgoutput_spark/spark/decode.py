@@ -143,6 +143,7 @@ def decode(
     initially_in_stream: bool = False,
     tuples: bool = True,
     positions: ScanState | None = None,
+    raw_as_string: bool = False,
 ) -> DataFrame:
     """Decode a capture DataFrame into one typed row per message.
 
@@ -163,6 +164,12 @@ def decode(
     with the Stream Start / Stop ones, and the scan needs no pass of its own
     (nor a second cached copy of the messages). Not for slices with more than
     `LOOKUP_LIMIT` Begin and Stream Start messages, which the scan windows.
+    ``raw_as_string`` types ``raw`` as a Spark string holding the same bytes
+    (never read as text; `raw_bytes` gives them back as a binary column, and
+    `quarantined` does so): for frames that Spark caches and passes to Python
+    again, as the apply job's. Spark's column cache copies each binary value
+    three times (it takes a value's size by copying it, twice) and a string
+    once; with ``tuples=False`` that is every change message.
     """
     if on_error not in ("fail", "quarantine"):
         raise ConfigError(f"on_error must be 'fail' or 'quarantine', got {on_error!r}")
@@ -173,8 +180,12 @@ def decode(
     events, bounds = _first_pass(canonical, framing, initially_in_stream, positions)
     shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start, bounds))
     fail = on_error == "fail"
-    schema = DECODED_SPARK_SCHEMA if bounds is None else T.StructType(
-        [*DECODED_SPARK_SCHEMA.fields, *(T.StructField(c, T.LongType()) for c in POSITION_COLUMNS)])
+    fields = [T.StructField("raw", T.StringType()) if f.name == "raw" and raw_as_string else f
+              for f in DECODED_SPARK_SCHEMA.fields]
+    if bounds is not None:
+        fields += [T.StructField(c, T.LongType()) for c in POSITION_COLUMNS]
+    schema = T.StructType(fields)
+    at_raw = DECODED_SCHEMA.get_field_index("raw")
 
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         event_seq, event_is_start, bounds = shared.value
@@ -193,17 +204,25 @@ def decode(
             if fail and decoded.error_rows.size:
                 rows = decoded.error_rows
                 raise decoded.error(int(rows[np.argmin(seq[rows])]))
-            if bounds is None:
-                yield decoded.batch
-            else:
-                out = decoded.batch
-                yield pa.RecordBatch.from_arrays([*out.columns, *_positions(out, bounds)],
-                                                 names=[*out.schema.names, *POSITION_COLUMNS])
+            out = decoded.batch
+            columns = out.columns
+            if raw_as_string:  # the same buffers, typed as text
+                columns[at_raw] = columns[at_raw].view(pa.string())
+            if bounds is not None:
+                columns += _positions(out, bounds)
+            yield pa.RecordBatch.from_arrays(columns, names=[f.name for f in fields])
 
     return canonical.mapInArrow(decode_partition, schema)
 
 
+def raw_bytes(frame: DataFrame) -> F.Column:
+    """``frame``'s ``raw`` as a binary column, also where `decode`'s ``raw_as_string`` typed it
+    as a string."""
+    raw = frame["raw"]
+    return raw.cast("binary").alias("raw") if isinstance(frame.schema["raw"].dataType, T.StringType) else raw
+
+
 def quarantined(decoded: DataFrame) -> DataFrame:
-    """The rows of a decoded capture that failed: seq, lsn, message_type, error, raw."""
+    """The rows of a decoded capture that failed: seq, lsn, message_type, error, raw (binary)."""
     return decoded.where(F.col("error").isNotNull()).select(
-        "seq", "lsn", "message_type", "error", "raw")
+        "seq", "lsn", "message_type", "error", raw_bytes(decoded))

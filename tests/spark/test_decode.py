@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgoutput_spark import CaptureColumns, CaptureError, decode, quarantined, read_capture
-from pgoutput_spark.decoder.batch import decode_batch
+from pgoutput_spark.decoder.batch import decode_batch, restore_tuples
+from pgoutput_spark.spark.decode import raw_bytes
+from pgoutput_spark.spark.session import release
 from pgoutput_spark.decoder.stream import StreamEvents
 
 from ..decoder import builders as b
@@ -81,6 +83,34 @@ def test_quarantine_keeps_raw_bytes_and_counts(spark, tmp_path):
     assert [r["seq"] for r in bad] == [10, 13, 16]
     assert bad[0]["error"] == "Insert.relation_id at seq 10 (lsn 0/0): need 4 bytes at offset 1, have 2"
     assert decoded.where("error is null").count() == 2
+
+
+def test_raw_carried_as_a_string_keeps_every_byte(spark, tmp_path):
+    """``raw_as_string``: the bytes of each deferred change (none of them UTF-8 here) come
+    through Spark's cache and back to Python unchanged; quarantine gives them as binary."""
+    oid = 0x00FFFE80  # the relation id alone is not UTF-8
+    every_byte = bytes(range(256))
+    messages = [b.relation(oid, "public", "t", "d", [(1, "id", 17, -1)]), b.begin(1, 2, 3),
+                b.insert(oid, b.tuple_data(("b", every_byte))),
+                b.update(oid, b.tuple_data(("b", b"\xc3\x28")), b.tuple_data(("b", b"\xff")), old_kind="O"),
+                b.delete(oid, b.tuple_data(("b", b"\x80\x80"))), b"I\xff\xfe", b.commit(1, 2, 3)]
+    folder, _ = _write(tmp_path, messages, [3])
+    capture = read_capture(spark, str(folder))
+    decoded = decode(capture, tuples=False, raw_as_string=True, on_error="quarantine").persist()
+    try:
+        assert decoded.schema["raw"].dataType.simpleString() == "string"
+        rows = decoded.orderBy("seq").toArrow()
+        assert pa.types.is_string(rows.schema.field("raw").type)
+        changes = decoded.where("error IS NULL AND raw IS NOT NULL").select("seq", raw_bytes(decoded)).orderBy("seq")
+        assert [bytes(r["raw"]) for r in changes.collect()] == messages[2:5]
+        restored = restore_tuples(rows.combine_chunks().to_batches()[0].drop_columns(["change"]))
+        whole = decode(capture, on_error="quarantine").orderBy("seq").toArrow()
+        assert restored.column("change").to_pylist() == whole.column("change").to_pylist()
+        bad = quarantined(decoded).collect()
+        assert [bytes(r["raw"]) for r in bad] == [b"I\xff\xfe"]
+        assert quarantined(decoded).schema["raw"].dataType.simpleString() == "binary"
+    finally:
+        release(decoded)
 
 
 def test_fail_mode_names_the_first_bad_message(spark, tmp_path):

@@ -9,9 +9,9 @@ import pytest
 
 from pgoutput_spark import CaptureColumns, CaptureError, decode, quarantined, read_capture
 from pgoutput_spark.decoder.batch import decode_batch, restore_tuples
+from pgoutput_spark.decoder.stream import StreamEvents
 from pgoutput_spark.spark.decode import raw_bytes
 from pgoutput_spark.spark.session import release
-from pgoutput_spark.decoder.stream import StreamEvents
 
 from ..decoder import builders as b
 

@@ -353,9 +353,10 @@ def restore_tuples(batch: pa.RecordBatch) -> pa.RecordBatch:
 
     ``batch`` needs ``seq``, ``message_type``, ``in_stream`` and ``raw``
     (binary, or the same bytes typed as a string), and ``lsn``, ``error`` and
-    ``change`` if present. Good change rows with ``raw`` get their ``change`` decoded from it; other rows (those decoded
-    with their tuples, truncates, failed messages) keep theirs, or NULL
-    without a ``change`` column, which is then added. ``raw`` is left as it is.
+    ``change`` if present. Good change rows with ``raw`` get their ``change``
+    decoded from it; other rows (those decoded with their tuples, truncates,
+    failed messages) keep theirs, or NULL without a ``change`` column, which is
+    then added. ``raw`` is left as it is.
     """
     names = batch.schema.names
     raw = batch.column("raw")

@@ -4,6 +4,7 @@ now or as of a source LSN)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from .capture import _is_delta
 from .errors import PgoutputSparkError
 from .ledger import Ledger
 from .lsn import Lsn
-from .mirroring.delta import METADATA_KEY, mirror_path, path_table, recorded_commits
+from .mirroring.delta import METADATA_KEY, mirror_path, path_table, recorded_commits, row_count
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,13 @@ def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool) -> 
             for r in snapshots.where((F.col("pipeline") == pipeline) & F.col("path").isNotNull()).select(
                     "table", "path").collect():
                 mirrors.setdefault(r["table"], (r["path"], 0))
-    for table, (path, _) in mirrors.items():
-        if count and _is_delta(spark, path):
-            mirrors[table] = (path, spark.read.format("delta").load(path).count())
+    if count:  # from each mirror's Delta log where it can (`row_count`), the others' counts at once
+        def counted(item: tuple[str, tuple[str, int]]) -> tuple[str, tuple[str, int]]:
+            table, (path, _) = item
+            return table, (path, row_count(spark, path) if _is_delta(spark, path) else 0)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            mirrors = dict(pool.map(counted, list(mirrors.items())))
     if lease is None:
         return Status(runs, None, False, None, mirrors)
     return Status(runs, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,

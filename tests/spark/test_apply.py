@@ -716,3 +716,52 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
     finally:
         release(looked_up)
         release(everything)
+
+
+def _jobs_run(spark, group, action):
+    """``action()`` and the Spark jobs it ran (tagged with job group ``group`` in this thread)."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        result = action()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark, tmp_path, restore_spark_conf):
+    """`row_count`: a mirror's rows from the file statistics in its version's checksum file, without
+    a Spark job (less the rows a deletion vector removes); a count where the checksum has no
+    file list (more files than Delta keeps there) or a file has no statistics. `status` lists
+    each mirror with those counts."""
+    from pgoutput_spark.mirroring.delta import row_count
+
+    root = str(tmp_path / "target")
+    run_apply(spark, _frame(spark, _first_slice() + _second_slice()), root)
+    one = mirror_delta.mirror_path(root, "public", "one")
+    assert {t: n for t, (_, n) in status(spark, root).mirrors.items()} == {"public.one": 2, "Mixed Case.t/wo": 2}
+
+    def counted(path, group):
+        n, jobs = _jobs_run(spark, group, lambda: row_count(spark, path))
+        assert n == spark.read.format("delta").load(path).count()
+        return n, jobs
+
+    assert counted(one, "one") == (2, 0)
+    spark.sql(f"ALTER TABLE delta.`{one}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{one}` WHERE id = 2")
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{one}`").first()["operationMetrics"]["numDeletionVectorsAdded"] == "1"
+    assert counted(one, "deletion-vector") == (1, 0)
+
+    many = str(tmp_path / "many")  # more files than the checksum lists
+    spark.conf.set("spark.databricks.delta.allFilesInCrc.thresholdNumFiles", "2")
+    spark.range(10).repartition(3).write.format("delta").save(many)
+    spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
+    rows, jobs = counted(many, "many")
+    assert rows == 10 and jobs > 0
+    bare = str(tmp_path / "bare")  # files without statistics
+    spark.conf.set("spark.databricks.delta.stats.collect", "false")
+    spark.range(7).write.format("delta").save(bare)
+    spark.conf.unset("spark.databricks.delta.stats.collect")
+    spark.range(7, 9).write.format("delta").mode("append").save(bare)
+    rows, jobs = counted(bare, "bare")
+    assert rows == 9 and jobs > 0

@@ -290,6 +290,9 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
         assert (state.read_point, state.position, state.running) == (applied, result.hi, False)
         expected, what = _expected_at(workload, index, applied)
         mirrors.assert_equal(expected, f"run {len(results) + 1}, after {what}")
+        # `status` counts each mirror's rows from its Delta log: as many as were read.
+        assert {path: rows for path, rows in state.mirrors.values()} == \
+            {path: len(mirrors.read(path)[1]) for path in mirrors.paths()}, f"run {len(results) + 1}"
         # Open-transaction rows: only this run's and those it read (the previous run's) are kept.
         assert _saved_open_rows(spark, target) <= {result.lo, result.hi}, f"run {len(results) + 1}"
         previous_hi, previous_lsn = result.hi, applied

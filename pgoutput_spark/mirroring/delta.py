@@ -432,9 +432,21 @@ def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_ta
 def latest_version(spark: SparkSession, path: str) -> int:
     """The version of the Delta table at ``path`` as the session's Delta log holds it now (brought
     up to date; no Spark job)."""
+    return int(_snapshot_now(spark, path).version())
+
+
+def _snapshot_now(spark: SparkSession, path: str) -> Any:
+    """Delta's snapshot of the table at ``path``, brought up to date (no Spark job)."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    return int(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).version())
+    return log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def file_count(spark: SparkSession, path: str) -> int | None:
+    """The files of the Delta table at ``path`` now, from its version's checksum file (no Spark
+    job); None without one (Delta writes one beside each commit unless told not to)."""
+    checksum = _snapshot_now(spark, path).checksumOpt()
+    return int(checksum.get().numFiles()) if checksum.isDefined() else None
 
 
 def row_count(spark: SparkSession, path: str) -> int:
@@ -448,9 +460,7 @@ def row_count(spark: SparkSession, path: str) -> int:
     ``status`` counts every mirror. Without such a checksum (more files, statistics not
     collected, another writer), a count of that version.
     """
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    snapshot = _snapshot_now(spark, path)
     checksum = snapshot.checksumOpt()
     files = checksum.get().allFiles() if checksum.isDefined() else None
     if files is not None and files.isDefined():

@@ -481,9 +481,9 @@ def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:
     """The open-transaction rows saved at ``path``; None when there is no table or it holds no
     file (runs that leave nothing open make it so): then nothing needs reading or deleting."""
     from ..capture import _is_delta
-    from ..mirroring.delta import read_current
+    from ..mirroring.delta import file_count, read_current
 
-    if not _is_delta(spark, path):
+    if not _is_delta(spark, path) or file_count(spark, path) == 0:  # the checksum says: no job
         return None
     table = read_current(spark, path)  # the open rows a run caches and saves back read these
     return table if table.inputFiles() else None
@@ -531,12 +531,13 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
 
 
 def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
-    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row), from the
-    Delta log's file statistics where Delta can answer from them."""
+    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row). The
+    column is past the 32 whose statistics Delta keeps, so a query reads it from the files,
+    unless the table's checksum shows it holds none."""
     from ..capture import _is_delta
-    from ..mirroring.delta import path_table
+    from ..mirroring.delta import file_count, path_table
 
-    if not _is_delta(spark, path):
+    if not _is_delta(spark, path) or file_count(spark, path) == 0:
         return float("inf")
     oldest = spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}").first()[0]
     return float("inf") if oldest is None else int(oldest)

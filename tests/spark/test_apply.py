@@ -733,7 +733,7 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     """`row_count`: a mirror's rows from the file statistics in its version's checksum file, without
     a Spark job (less the rows a deletion vector removes); a count where the checksum has no
     file list (more files than Delta keeps there) or a file has no statistics. `status` lists
-    each mirror with those counts."""
+    each mirror with those counts. `file_count`: the files, from the checksum too."""
     from pgoutput_spark.mirroring.delta import row_count
 
     root = str(tmp_path / "target")
@@ -758,6 +758,10 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
     rows, jobs = counted(many, "many")
     assert rows == 10 and jobs > 0
+    files, jobs = _jobs_run(spark, "files", lambda: mirror_delta.file_count(spark, many))
+    assert (files, jobs) == (len(spark.read.format("delta").load(many).inputFiles()), 0) and files == 3
+    spark.sql(f"DELETE FROM delta.`{many}`")
+    assert mirror_delta.file_count(spark, many) == 0 and mirror_delta.row_count(spark, many) == 0
     bare = str(tmp_path / "bare")  # files without statistics
     spark.conf.set("spark.databricks.delta.stats.collect", "false")
     spark.range(7).write.format("delta").save(bare)

@@ -762,6 +762,11 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     assert (files, jobs) == (len(spark.read.format("delta").load(many).inputFiles()), 0) and files == 3
     spark.sql(f"DELETE FROM delta.`{many}`")
     assert mirror_delta.file_count(spark, many) == 0 and mirror_delta.row_count(spark, many) == 0
+    # A pending table without files: a run neither reads it nor looks for its oldest run's rows.
+    from pgoutput_spark.spark.assemble import _oldest_run_hi, _saved_rows
+
+    assert _jobs_run(spark, "empty", lambda: (_saved_rows(spark, many), _oldest_run_hi(spark, many))) == \
+        ((None, float("inf")), 0)
     bare = str(tmp_path / "bare")  # files without statistics
     spark.conf.set("spark.databricks.delta.stats.collect", "false")
     spark.range(7).write.format("delta").save(bare)

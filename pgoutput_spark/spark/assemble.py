@@ -483,10 +483,13 @@ def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:
     from ..capture import _is_delta
     from ..mirroring.delta import file_count, read_current
 
-    if not _is_delta(spark, path) or file_count(spark, path) == 0:  # the checksum says: no job
+    if not _is_delta(spark, path):
+        return None
+    files = file_count(spark, path)  # from the checksum, no job; None without one
+    if files == 0:
         return None
     table = read_current(spark, path)  # the open rows a run caches and saves back read these
-    return table if table.inputFiles() else None
+    return table if files or table.inputFiles() else None  # a listing only without a checksum
 
 
 def saved_open_rows(spark: SparkSession, path: str, run_hi: int | None) -> DataFrame | None:

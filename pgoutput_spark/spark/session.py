@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..config import LOCAL_SPARK_CONF
 from ..errors import CaptureError, PgoutputSparkError
+from .localfs import local_fs_settings
 
 T = TypeVar("T")
 
@@ -42,10 +44,12 @@ DEFAULTS: dict[str, str] = {
     # wrapper: no ".name.crc" sidecar beside every file. Without Hadoop's native library
     # (pip's pyspark has none) each file created, and each side of a rename, also starts a
     # process (chmod, readlink: 17 ms each from the driver JVM); the sidecars doubled them. The
-    # sample capture in six runs: 978 processes, 514 without (benchmarks/README.md).
+    # sample capture in six runs: 978 processes, 514 without (benchmarks/README.md). A session
+    # `build_spark_session` starts on a local master goes further: `localfs`, none of them.
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
+_FILE_SYSTEM_KEYS = ("spark.hadoop.fs.file.impl", "spark.hadoop.fs.AbstractFileSystem.file.impl")
 
 
 def build_spark_session(
@@ -60,7 +64,10 @@ def build_spark_session(
     spark-submit (whose ``--master`` wins); a ``local[...]`` master also gets
     the embedded default's small-machine settings (`config.LOCAL_SPARK_CONF`:
     4 shuffle partitions, ...) and a driver heap sized to the machine
-    (`default_driver_memory`) under ``conf`` (`session_settings`). The Delta
+    (`default_driver_memory`) under ``conf`` (`session_settings`); where this
+    call starts the JVM, its local paths go through a file system that starts
+    no process per file (`localfs`) unless ``conf`` names one
+    (``spark.hadoop.fs.file.impl``). The Delta
     connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
     """
@@ -75,6 +82,13 @@ def build_spark_session(
     if master and not under_spark_submit:
         builder = builder.master(master)
     settings = session_settings(master if not under_spark_submit else None, conf)
+    if "spark.hadoop.fs.file.impl" not in (conf or {}):
+        if SparkContext._active_spark_context is not None:  # the running JVM keeps its file system
+            for key in _FILE_SYSTEM_KEYS:
+                settings.pop(key, None)
+        elif master and master.startswith("local") and not under_spark_submit:
+            # This call starts the JVM: local paths without a process per file (`localfs`).
+            settings.update(local_fs_settings(settings.get("spark.driver.extraClassPath")))
     for key, value in settings.items():
         builder = builder.config(key, value)
     if "spark.jars.packages" not in settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,10 @@ from pgoutput_spark.spark.session import build_spark_session
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    # The local file system's classes (`spark.localfs`) compiled afresh for each test run, not
+    # taken from the user's cache; the jobs the tests start as processes find them here too.
+    os.environ["PGOUTPUT_SPARK_CACHE"] = str(tmp_path_factory.mktemp("pgoutput-spark-cache"))
     session = build_spark_session(
         app_name="pgoutput-spark-tests",
         master="local[2]",

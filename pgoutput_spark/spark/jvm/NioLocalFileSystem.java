@@ -16,7 +16,8 @@ import org.apache.hadoop.fs.permission.FsPermission;
  * Without Hadoop's native library, RawLocalFileSystem starts chmod to set each new
  * file's and directory's permissions, and readlink on both sides of a rename (on the
  * path's text, "file:/...", which never names a link). Here both go through java.nio;
- * modes with set-uid, set-gid or sticky bits and real symbolic links stay Hadoop's.
+ * modes with set-uid, set-gid or sticky bits, file systems without POSIX modes and real
+ * symbolic links stay Hadoop's.
  * Compiled at a local session's start by pgoutput_spark.spark.localfs.
  */
 public class NioLocalFileSystem extends RawLocalFileSystem {
@@ -38,7 +39,11 @@ public class NioLocalFileSystem extends RawLocalFileSystem {
                 permissions.add(MODE_BITS[i]);
             }
         }
-        Files.setPosixFilePermissions(pathToFile(p).toPath(), permissions);
+        try {
+            Files.setPosixFilePermissions(pathToFile(p).toPath(), permissions);
+        } catch (UnsupportedOperationException notPosix) {  // a file system without POSIX modes
+            super.setPermission(p, permission);
+        }
     }
 
     public FileStatus getFileLinkStatus(Path f) throws IOException {

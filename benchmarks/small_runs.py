@@ -1,7 +1,7 @@
 """A run's fixed cost: a capture applied in small slices, step by step.
 
     .venv/bin/python benchmarks/small_runs.py [--capture PATH] [--runs 10] [--messages 2000] [--cut-anywhere]
-        [--json PATH]
+        [--conf KEY=VALUE ...] [--json PATH]
 
 The capture is `benchmarks/apply.py`'s (pgbench TPC-B and a wide table,
 protocol 1; that script builds it in ``benchmarks/data``). A first run applies
@@ -16,7 +16,12 @@ sample capture, ``examples/sample_capture``, is short: ``--runs 5
 on, the seconds of each run and, over the small runs, the mean of each step
 the job logs (`pgoutput_spark.apply`'s step lines): a run of a few thousand
 messages costs mostly Spark's and Delta's fixed overhead, and this says where
-it goes.
+it goes. Each run's line also counts the processes and threads the machine
+started meanwhile (``/proc/stat``), most of them the driver JVM's; ``--conf``
+passes a Spark setting, e.g. Hadoop's own ``file:`` file system
+(``spark.hadoop.fs.file.impl=org.apache.hadoop.fs.RawLocalFileSystem`` and
+``spark.hadoop.fs.AbstractFileSystem.file.impl=org.apache.hadoop.fs.local.RawLocalFs``)
+against the session's default (`pgoutput_spark.spark.localfs`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,14 @@ class _Steps(logging.Handler):
             self.steps[step] += float(match["seconds"])
 
 
+def _processes_started() -> int:
+    """Processes and threads this machine has started since boot (``/proc/stat``)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("processes "):
+            return int(line.split()[1])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capture", type=Path, default=CAPTURE, help="an unframed capture (default: %(default)s)")
@@ -91,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=2000, help="messages per small run, about")
     parser.add_argument("--cut-anywhere", action="store_true",
                         help="end each run after MESSAGES messages, inside transactions or not")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    conf = dict(item.split("=", 1) for item in args.conf)
     if not args.capture.exists():
         raise SystemExit(f"no capture at {args.capture}: `benchmarks/apply.py --skip-merge` builds it")
 
@@ -104,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = Machine.current()
     print(f"machine: {machine.line()}; load {format_load(load_average())}")
-    spark = build_spark_session(master="local[2]")
+    spark = build_spark_session(master="local[2]", conf=conf)
     capture = read_capture(spark, str(args.capture))
     if args.cut_anywhere:
         first, last = capture.agg(F.min("seq"), F.max("seq")).first()
@@ -124,27 +140,31 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("pgoutput_spark.apply")
     logger.setLevel(logging.INFO)
     results: dict[str, Any] = {"machine": machine.as_dict(), "capture": str(args.capture), "cuts": cuts,
-                               "cut_anywhere": args.cut_anywhere}
+                               "cut_anywhere": args.cut_anywhere, "conf": conf}
     warm_steps: dict[str, list[float]] = defaultdict(list)
     seconds: list[float] = []
+    started_processes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="bench-runs-") as tmp:
         for k, cut in enumerate(cuts):
             handler = _Steps()
             logger.addHandler(handler)
-            started = time.perf_counter()
+            forks, started = _processes_started(), time.perf_counter()
             result = run_apply(spark, capture, tmp, until_seq=cut)
             seconds.append(time.perf_counter() - started)
+            started_processes.append(_processes_started() - forks)
             logger.removeHandler(handler)
             assert not result.skipped and (args.cut_anywhere or result.open_rows == 0), (cut, result)
             print(f"run {k}: {result.messages} messages, {len(result.tables)} tables, "
-                  f"{result.open_rows} open rows carried over, {seconds[-1]:.2f} s", flush=True)
+                  f"{result.open_rows} open rows carried over, {seconds[-1]:.2f} s, "
+                  f"{started_processes[-1]} processes and threads started", flush=True)
             if k:
                 for step, value in handler.steps.items():
                     warm_steps[step].append(value)
     results["run_seconds"] = seconds
+    results["run_processes_started"] = started_processes
     warm = seconds[1:]
     print(f"small runs: {len(warm)}, mean {sum(warm) / len(warm):.2f} s, min {min(warm):.2f} s, "
-          f"max {max(warm):.2f} s")
+          f"max {max(warm):.2f} s; processes and threads started: {sum(started_processes[1:])}")
     print("mean seconds per small run, by step (steps of several tables summed; those a run skips count 0):")
     means = {step: sum(v) / len(warm) for step, v in warm_steps.items()}
     for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):

@@ -509,9 +509,12 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     never read again, and without the delete a transaction open across many
     runs would stay in the table once per run. The save carries Delta's
     transaction identifiers (``app_id``, ``hi``: a redone run writes nothing
-    twice). Where a run both saves and deletes, one commit does both (an
-    overwrite of the rows ``_run_hi < lo``); a delete happens only where
-    the table's statistics show rows before ``lo``.
+    twice). A run that saves rows into a table holding some does both in one
+    commit, an overwrite of the rows ``_run_hi < lo`` (and ``= hi``, none
+    unless redone), without asking first whether there are any: ``_run_hi``
+    has no statistics, and Delta's search of the files for the overwrite
+    costs what that query would (`benchmarks/README.md`). A run that saves
+    none deletes only where a query finds rows before ``lo``.
     """
     from ..mirroring.delta import path_table, txn_append
     from .decode import raw_bytes
@@ -522,25 +525,34 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
         if assembled.may_leave_open else None
     try:
         n_open = rows.count() if rows is not None else 0  # the save then reads the cached rows
-        before = None if lo is None or _oldest_run_hi(spark, path) >= lo else f"_run_hi < {int(lo)}"
         if rows is not None and n_open:
-            txn_append(rows, path, app_id, hi, replace_where=before and f"{before} OR _run_hi = {int(hi)}")
-        elif before:
-            spark.sql(f"DELETE FROM {path_table(path)} WHERE {before}")
+            replace = lo is not None and _holds_files(spark, path)
+            txn_append(rows, path, app_id, hi,
+                       replace_where=f"_run_hi < {int(lo)} OR _run_hi = {int(hi)}" if replace else None)
+        elif lo is not None and _oldest_run_hi(spark, path) < lo:
+            spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")
     finally:
         if rows is not None:
             release(rows)
     return n_open
 
 
+def _holds_files(spark: SparkSession, path: str) -> bool:
+    """Whether the Delta table at ``path`` exists and may hold rows: its checksum counts its
+    files (no Spark job); without a checksum, it may."""
+    from ..capture import _is_delta
+    from ..mirroring.delta import file_count
+
+    return _is_delta(spark, path) and file_count(spark, path) != 0
+
+
 def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
     """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row). The
     column is past the 32 whose statistics Delta keeps, so a query reads it from the files,
     unless the table's checksum shows it holds none."""
-    from ..capture import _is_delta
-    from ..mirroring.delta import file_count, path_table
+    from ..mirroring.delta import path_table
 
-    if not _is_delta(spark, path) or file_count(spark, path) == 0:
+    if not _holds_files(spark, path):
         return float("inf")
     oldest = spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}").first()[0]
     return float("inf") if oldest is None else int(oldest)

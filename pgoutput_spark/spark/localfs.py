@@ -41,8 +41,8 @@ _COMPILER = "org.codehaus.commons.compiler.samples.CompilerDemo"
 
 def local_fs_settings(existing_class_path: str | None = None) -> dict[str, str]:
     """Settings for a new local session's ``file:`` paths through `FILE_SYSTEM`: its classes
-    added to the driver's (and local-cluster executors') class path after ``existing_class_path``;
-    empty where they cannot be compiled (logged)."""
+    added to the driver's class path after ``existing_class_path``; empty where they cannot be
+    compiled (logged)."""
     classes = compiled_classes()
     if classes is None:
         return {}
@@ -51,7 +51,6 @@ def local_fs_settings(existing_class_path: str | None = None) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": FILE_SYSTEM,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": ABSTRACT_FILE_SYSTEM,
         "spark.driver.extraClassPath": class_path,
-        "spark.executor.extraClassPath": class_path,
     }
 
 

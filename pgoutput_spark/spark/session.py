@@ -86,9 +86,8 @@ def build_spark_session(
         if SparkContext._active_spark_context is not None:  # the running JVM keeps its file system
             for key in _FILE_SYSTEM_KEYS:
                 settings.pop(key, None)
-        elif master and master.startswith("local") and not under_spark_submit:
-            # This call starts the JVM: local paths without a process per file (`localfs`).
-            settings.update(local_fs_settings(settings.get("spark.driver.extraClassPath")))
+        elif not under_spark_submit:  # this call starts the JVM
+            settings.update(_file_system_settings(master, settings))
     for key, value in settings.items():
         builder = builder.config(key, value)
     if "spark.jars.packages" not in settings:
@@ -149,6 +148,35 @@ def machine_memory() -> int | None:
     return total
 
 
+def _file_system_settings(master: str | None, settings: Mapping[str, str]) -> dict[str, str]:
+    """For a session started on a ``local`` master (executors in the driver's JVM): local paths
+    without a process per file (`localfs`), its classes after the driver's class path chosen in
+    ``settings`` or ``spark-defaults.conf``; none where ``--driver-class-path`` is in
+    ``PYSPARK_SUBMIT_ARGS`` (spark-submit would take that class path instead)."""
+    if not master or not (master == "local" or master.startswith("local[")):
+        return {}
+    if "--driver-class-path" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return {}
+    return local_fs_settings(settings.get("spark.driver.extraClassPath")
+                             or _spark_default("spark.driver.extraClassPath"))
+
+
+def _spark_default(key: str) -> str | None:
+    """``key``'s value in ``spark-defaults.conf`` (in ``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``),
+    None where it is not set there."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
+    if not conf_dir:
+        return None
+    try:
+        lines = Path(conf_dir, "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return None
+    values = [parts[1].strip() if len(parts) > 1 else "" for parts in (line.split(None, 1) for line in lines)
+              if parts[:1] == [key]]
+    return values[-1] if values else None
+
+
 def _driver_memory_chosen(settings: Mapping[str, str]) -> bool:
     """Whether the driver's heap is set by the caller or Spark's usual places: this session's
     settings, ``SPARK_DRIVER_MEMORY``, ``--driver-memory`` in ``PYSPARK_SUBMIT_ARGS``, or
@@ -157,15 +185,7 @@ def _driver_memory_chosen(settings: Mapping[str, str]) -> bool:
         return True
     if "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         return True
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
-        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
-    if conf_dir:
-        try:
-            lines = Path(conf_dir, "spark-defaults.conf").read_text().splitlines()
-        except OSError:
-            return False
-        return any(line.split()[:1] == ["spark.driver.memory"] for line in lines)
-    return False
+    return _spark_default("spark.driver.memory") is not None
 
 
 _REMEDY = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "

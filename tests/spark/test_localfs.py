@@ -96,7 +96,6 @@ def test_the_classes_compile_once_into_the_cache(tmp_path, monkeypatch):
         "spark.hadoop.fs.file.impl": FILE_SYSTEM,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": ABSTRACT_FILE_SYSTEM,
         "spark.driver.extraClassPath": f"/opt/extra.jar{os.pathsep}{first}",
-        "spark.executor.extraClassPath": f"/opt/extra.jar{os.pathsep}{first}",
     }
     assert local_fs_settings(None)["spark.driver.extraClassPath"] == str(first)
 

@@ -171,3 +171,22 @@ def test_local_delta_tables_get_no_hadoop_checksum_sidecars(spark, tmp_path):
                                            Path("_delta_log/00000000000000000001.crc")]  # Delta's own
     rows = sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(path).collect())
     assert rows == [(0, "a"), (1, "a"), (2, "a"), (2, "b"), (3, "b"), (4, "c"), (5, "c")]
+
+
+def test_a_local_session_gets_the_local_file_system_after_the_class_path_chosen_elsewhere(plain_env, monkeypatch):
+    monkeypatch.setenv("PGOUTPUT_SPARK_CACHE", str(plain_env / "cache"))
+    ours = session._file_system_settings("local[2]", {})
+    classes = ours["spark.driver.extraClassPath"]
+    assert ours["spark.hadoop.fs.file.impl"] == "pgoutputspark.fs.NioLocalFileSystem"
+    assert Path(classes, "pgoutputspark", "fs", "NioLocalFs.class").is_file()
+    (plain_env / "spark-defaults.conf").write_text("# spark.driver.extraClassPath /not/this.jar\n"
+                                                   "spark.driver.extraClassPath   /opt/jdbc.jar\n")
+    assert session._file_system_settings("local", {})["spark.driver.extraClassPath"] == \
+        f"/opt/jdbc.jar:{classes}"  # kept, as spark-submit would have taken it from the file
+    given = {"spark.driver.extraClassPath": "/mine.jar"}
+    assert session._file_system_settings("local[*]", given)["spark.driver.extraClassPath"] == f"/mine.jar:{classes}"
+    for master in ("local-cluster[2,1,1024]", "yarn", "spark://h:7077", None):  # executors elsewhere
+        assert session._file_system_settings(master, {}) == {}
+    # spark-submit's --driver-class-path would win over the setting: no class it cannot load
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-class-path /opt/x.jar pyspark-shell")
+    assert session._file_system_settings("local[2]", {}) == {}

@@ -35,6 +35,8 @@ _log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "jvm"
 FILE_SYSTEM = "pgoutputspark.fs.NioLocalFileSystem"
 ABSTRACT_FILE_SYSTEM = "pgoutputspark.fs.NioLocalFs"
+#: One of the compiled classes, under the classes' directory (renamed into place whole).
+_COMPILED_CLASS = Path("pgoutputspark", "fs", "NioLocalFs.class")
 #: Janino's command-line compiler (in ``commons-compiler``, shipped with Spark).
 _COMPILER = "org.codehaus.commons.compiler.samples.CompilerDemo"
 
@@ -72,7 +74,7 @@ def compiled_classes(*, cache: Path | None = None, java: str | None = None,
                 digest.update(path.read_bytes())
         root = cache or _cache_root()
         target = root / f"localfs-{digest.hexdigest()[:16]}"
-        if (target / "pgoutputspark" / "fs" / "NioLocalFs.class").is_file():
+        if (target / _COMPILED_CLASS).is_file():
             return target
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".localfs-", dir=root))
@@ -82,7 +84,7 @@ def compiled_classes(*, cache: Path | None = None, java: str | None = None,
                 [java_bin, "-cp", os.pathsep.join(map(str, compiler)), _COMPILER, "-d", str(staging),
                  "-classpath", os.pathsep.join(map(str, sorted(jars.glob("*.jar")))), *map(str, sources)],
                 capture_output=True, text=True, timeout=120)
-            if done.returncode != 0 or not (staging / "pgoutputspark" / "fs" / "NioLocalFs.class").is_file():
+            if done.returncode != 0 or not (staging / _COMPILED_CLASS).is_file():
                 raise RuntimeError(f"{java_bin} (Janino) exited with {done.returncode}: "
                                    f"{(done.stderr or done.stdout).strip()[-500:]}")
             try:

@@ -89,14 +89,6 @@ class _Steps(logging.Handler):
             self.steps[step] += float(match["seconds"])
 
 
-def _processes_started() -> int:
-    """Processes and threads this machine has started since boot (``/proc/stat``)."""
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("processes "):
-            return int(line.split()[1])
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capture", type=Path, default=CAPTURE, help="an unframed capture (default: %(default)s)")
@@ -117,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from pgoutput_spark.apply import run_apply
     from pgoutput_spark.capture import read_capture
     from pgoutput_spark.spark.session import build_spark_session
+    from pgoutput_spark.testing.processes import processes_started
 
     machine = Machine.current()
     print(f"machine: {machine.line()}; load {format_load(load_average())}")
@@ -148,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         for k, cut in enumerate(cuts):
             handler = _Steps()
             logger.addHandler(handler)
-            forks, started = _processes_started(), time.perf_counter()
+            forks, started = processes_started(), time.perf_counter()
             result = run_apply(spark, capture, tmp, until_seq=cut)
             seconds.append(time.perf_counter() - started)
-            started_processes.append(_processes_started() - forks)
+            started_processes.append(processes_started() - forks)
             logger.removeHandler(handler)
             assert not result.skipped and (args.cut_anywhere or result.open_rows == 0), (cut, result)
             print(f"run {k}: {result.messages} messages, {len(result.tables)} tables, "

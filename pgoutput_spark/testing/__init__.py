@@ -1,3 +1,4 @@
 """Helpers for tests, benchmarks and sample captures: a throwaway PostgreSQL
-cluster (`pgcluster`) and a Parquet writer for captured messages
-(`capture_files`). Nothing here imports Spark."""
+cluster (`pgcluster`), a Parquet writer for captured messages
+(`capture_files`) and the machine's count of processes started (`processes`).
+Nothing here imports Spark."""

@@ -5,20 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from pgoutput_spark.spark import localfs
 from pgoutput_spark.spark.localfs import ABSTRACT_FILE_SYSTEM, FILE_SYSTEM, compiled_classes, local_fs_settings
-
-
-def _processes_started() -> int:
-    """Processes (and threads) this machine has started since boot (``/proc/stat``)."""
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("processes "):
-            return int(line.split()[1])
-    raise AssertionError("no processes line in /proc/stat")
+from pgoutput_spark.testing.processes import processes_started
 
 
 @pytest.mark.spark
@@ -42,7 +34,7 @@ def test_the_session_writes_local_paths_as_hadoop_does_without_starting_processe
         over each other as Delta commits its checksum files (through a FileContext)."""
         files = jvm.org.apache.hadoop.fs.FileContext.getFileContext(fs.getUri(), conf) \
             if fs is ours else None
-        before = _processes_started()
+        before = processes_started()
         for i in range(n):
             directory = jvm.org.apache.hadoop.fs.Path(f"file:{tmp_path}/{name}/d{i}")
             fs.mkdirs(directory, permission(0o750))
@@ -52,7 +44,7 @@ def test_the_session_writes_local_paths_as_hadoop_does_without_starting_processe
                 files.rename(written, jvm.org.apache.hadoop.fs.Path(directory, "done"), renames)
             else:
                 fs.rename(written, jvm.org.apache.hadoop.fs.Path(directory, "done"))
-        return _processes_started() - before
+        return processes_started() - before
 
     assert work(hadoops, "hadoop", 20) >= 40  # the count sees Hadoop's chmods (the check can fail)
     assert work(ours, "ours", 20) < 10  # no process per file: a thread started elsewhere at most

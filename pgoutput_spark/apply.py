@@ -6,7 +6,8 @@ Layout under the target root::
     <root>/_runs/                   one row per finished run (Delta; `status` prints it)
     <root>/_pgoutput/lease/         the pipeline's position, the run holding it and the capture
                                     files the last run saw (one row)
-    <root>/_pgoutput/relations/     every Relation / Type message seen
+    <root>/_pgoutput/relations/     the Relation / Type messages that changed a schema (not
+                                    their repeats, one per walsender session)
     <root>/_pgoutput/pending/       rows of transactions still open at the end of a run (the
                                     last two runs' only: `save_open_rows`)
     <root>/_pgoutput/quarantine/    undecodable messages with raw bytes (on_error="quarantine")
@@ -19,7 +20,8 @@ run conflicts on that commit, or finds the lease moved, and fails with
 mirror's schema against its source; then merges each table once (tables in
 parallel), each MERGE carrying ``txnAppId`` = ``<pipeline>:relation:<oid>``
 and ``txnVersion`` = the run's last applied commit LSN; then saves relations,
-open transactions and the run row, and releases the lease. A run that dies
+open transactions and the run row (compacting ``_runs`` and the other tables it
+appends to when they hold many files), and releases the lease. A run that dies
 half-way leaves the lease ``running``: the next run redoes exactly that
 slice, and Delta skips the merges that already committed.
 """
@@ -59,6 +61,7 @@ from .mirroring.delta import (
     apply_schema,
     catalog_name,
     catalog_registered,
+    compact_files,
     merge,
     mirror_path,
     plan_schema,
@@ -265,7 +268,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         history = ledger.history()
         history.text_columns = tables.types
         new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
-        history.add(versions_from_rows(new_meta))
+        # Saved: those that change a relation's schema (most repeat it, one per walsender session).
+        new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]
     with _step("assemble transactions"):
         pending = ledger.pending(lo)
         tuples = carries_tuples(pending)
@@ -331,9 +335,10 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         if table_name:
             with _step("check catalog names"):
                 names = _catalog_names(spark, table_name, history, plans)
-        if new_meta:
+        if new_versions:
             with _step("save relations"):
-                txn_append(meta, ledger.relations_path, f"{ledger.pipeline}:relations", hi)
+                txn_append(meta.where(F.col("seq").isin(new_versions)), ledger.relations_path,
+                           f"{ledger.pipeline}:relations", hi)
         results: list[TableResult] = []
         # The open transactions' save depends on no table: it runs beside their writes (a run that
         # dies in either is redone whole, each write skipped where its transaction identifier
@@ -404,8 +409,11 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced,
                          renamed=renamed)
+    appended = tuple(path for path, written in ((ledger.relations_path, bool(new_versions)),
+                                                (ledger.quarantine_path, bool(n_bad)),
+                                                (ledger.skipped_path, any(t.skipped for t in results))) if written)
     with _step("save the run; release the lease"):
-        _finish(ledger, run_id, result, assembled.end_state, lease, started, landed)
+        _finish(ledger, run_id, result, assembled.end_state, lease, started, landed, appended)
     return result
 
 
@@ -721,7 +729,10 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
 
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,
-            started: float, landed: Landed) -> None:
+            started: float, landed: Landed, appended: tuple[str, ...]) -> None:
+    """Append the run's row to ``_runs`` and release the lease; before that, compact ``_runs``
+    and the other tables of the target's own the run ``appended`` to when they hold many files
+    (`compact_files`: each run adds one)."""
     spark = ledger.spark
     tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
                t.status) for t in result.tables]
@@ -735,5 +746,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
     else:
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
+    for path in (ledger.runs_path, *appended):
+        compact_files(spark, path)
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))

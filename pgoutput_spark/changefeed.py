@@ -31,7 +31,15 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
-from .mirroring.delta import absolute_path, append_rows, mirror_path, path_table, plan_schema, txn_append
+from .mirroring.delta import (
+    absolute_path,
+    append_rows,
+    compact_files,
+    mirror_path,
+    path_table,
+    plan_schema,
+    txn_append,
+)
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
@@ -99,6 +107,7 @@ class _State:
                 None if new_files is None else list(new_files))]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         append_rows(frame, self.runs)
+        compact_files(self.spark, self.runs)  # a file or two per run
 
     def history(self) -> RelationHistory:
         history = RelationHistory()
@@ -185,9 +194,10 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
-    history.add(versions_from_rows(new_meta))
-    if new_meta:
-        txn_append(meta, state.relations_path, f"{state.pipeline}:relations", hi)
+    new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]  # those changing a schema
+    if new_versions:
+        txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
+                   f"{state.pipeline}:relations", hi)
     pending = state.pending(lo)
     tuples = carries_tuples(pending)
     assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)

@@ -3,17 +3,17 @@
 pgoutput sends a Relation message once per walsender session, and again when
 the relation's schema changes (Type messages likewise for non-built-in column
 types), so the schema of a change is the last Relation message for its OID
-before it in the stream, often from an earlier run. The history is small (a
-handful of messages per relation and session): it lives on the driver, is
-persisted by the job, and is shipped to tasks.
+before it in the stream, often from an earlier run. The history keeps the
+messages that change something (`RelationHistory.add`), a few per relation:
+it lives on the driver, is persisted by the job, and is shipped to tasks.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..convert import PgType, arrow_type, resolve, text_type, widens
 from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
@@ -82,15 +82,36 @@ class RelationHistory:
         first = self.relations[relation_id][0]
         return column in self.text_columns.get(f"{first.namespace}.{first.name}", {})
 
-    def add(self, versions: Iterable[RelationVersion | TypeVersion]) -> None:
+    def add(self, versions: Iterable[RelationVersion | TypeVersion]) -> list[RelationVersion | TypeVersion]:
+        """Add Relation / Type versions; return those of them that the history keeps, by seq.
+
+        pgoutput sends a relation's Relation message, and Type messages for its
+        columns' types, again in every walsender session (every capture chunk),
+        describing the same schema: a version equal to the one in effect before it
+        (names, replica identity, columns, and the columns' types as then resolved;
+        for a Type, its names) changes nothing and is not kept, nor is a second
+        version at a seq already held. The history, the table the runs save it in,
+        and the work of adding to it grow with schema changes, not with sessions.
+        """
+        added_relations: dict[int, list[RelationVersion]] = {}
+        added_types: dict[int, list[TypeVersion]] = {}
         for v in versions:
             if isinstance(v, RelationVersion):
-                bucket: list = self.relations.setdefault(v.relation_id, [])  # type: ignore[type-arg]
+                added_relations.setdefault(v.relation_id, []).append(v)
             else:
-                bucket = self.types.setdefault(v.type_id, [])
-            if all(existing.seq != v.seq for existing in bucket):
-                bucket.append(v)
-                bucket.sort(key=lambda x: x.seq)
+                added_types.setdefault(v.type_id, []).append(v)
+        kept: list[RelationVersion | TypeVersion] = []
+        # Types first: a Relation version's layout includes its columns' types as resolved then.
+        for type_id, new in added_types.items():
+            self.types[type_id] = _changes(self.types.get(type_id, []), new, lambda t: (t.namespace, t.name), kept)
+        for relation_id, fresh in added_relations.items():
+            self.relations[relation_id] = _changes(self.relations.get(relation_id, []), fresh, self._layout, kept)
+        return sorted(kept, key=lambda v: v.seq)
+
+    def _layout(self, version: RelationVersion) -> tuple:  # type: ignore[type-arg]
+        """What a change converted with ``version`` depends on (`typed_batch`)."""
+        return (version.namespace, version.name, version.replica_identity, version.columns,
+                tuple(self.pg_type(c, version.seq + 1) for c in version.columns))
 
     def version_at(self, relation_id: int, seq: int) -> RelationVersion:
         """The relation's schema for a change at ``seq``."""
@@ -154,4 +175,24 @@ def versions_from_rows(rows: Iterable[Any]) -> list[RelationVersion | TypeVersio
         elif r["type"] is not None:
             t = r["type"]
             out.append(TypeVersion(r["seq"], t["type_id"], t["namespace"], t["name"]))
+    return out
+
+
+def _changes(held: list, new: list, layout: Callable[[Any], Any], kept: list) -> list:  # type: ignore[type-arg]
+    """``held`` and ``new`` versions in seq order, leaving out a version at a seq already taken
+    (the one held stays) and one whose ``layout`` equals the version's before it; those of
+    ``new`` that stay are added to ``kept``."""
+    out: list = []  # type: ignore[type-arg]
+    fresh = {id(v) for v in new}
+    before = None
+    for v in sorted([*held, *new], key=lambda v: (v.seq, id(v) in fresh)):
+        if out and out[-1].seq == v.seq:
+            continue
+        now = layout(v)
+        if out and now == before:
+            continue
+        out.append(v)
+        before = now
+        if id(v) in fresh:
+            kept.append(v)
     return out

@@ -32,6 +32,7 @@ from pgoutput_spark import decode_message, read_capture
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.capture import CaptureColumns
 from pgoutput_spark.lsn import Lsn
+from pgoutput_spark.mirroring import delta
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
@@ -116,6 +117,25 @@ class CaptureIndex:
                 commit = decode_message(m.data)
                 self.xid_at[int(commit.commit_lsn)] = commit.xid  # type: ignore[attr-defined]
         self.commit_lsns = sorted(self.xid_at)
+
+
+def _schema_changes(messages: list[CapturedMessage], index: CaptureIndex) -> tuple[set[int], int]:
+    """The seqs of the Relation and Type messages whose bytes (past the xid of one in a stream)
+    differ from the last such message for the same OID, and how many there are in all: PostgreSQL
+    sends them again, the same, in each walsender session (each capture chunk)."""
+    last: dict[tuple[bytes, bytes], bytes] = {}
+    changed: set[int] = set()
+    total = 0
+    for i, m in enumerate(messages):
+        kind = m.data[:1]
+        if kind not in (b"R", b"Y"):
+            continue
+        total += 1
+        body = m.data[5:] if index.in_stream[i] else m.data[1:]
+        if last.get((kind, body[:4])) != body:
+            changed.add(m.seq)
+        last[(kind, body[:4])] = body
+    return changed, total
 
 
 def _expected_at(workload: Workload, index: CaptureIndex, to_lsn: int | None) -> tuple[Tables, str]:
@@ -298,6 +318,11 @@ def _apply_and_compare(spark: Any, messages: list[CapturedMessage], workload: Wo
         previous_hi, previous_lsn = result.hi, applied
         results.append(result)
 
+    # The runs saved the Relation / Type messages that changed a schema, not their repeats.
+    changed, total = _schema_changes(messages, index)
+    saved = [r[0] for r in spark.read.format("delta").load(f"{target}/_pgoutput/relations").select("seq").collect()]
+    assert sorted(saved) == sorted(changed) and (len(saved) < total) == (total > len(changed))
+
     # Nothing new: no Delta commit anywhere.
     paths = sorted(mirrors.paths()) + [f"{target}/_runs"]
     before = {p: commits(p) for p in paths}
@@ -421,12 +446,19 @@ def test_pg15_protocol_3_two_runs_cut_between_prepare_and_commit_prepared(spark,
     _file_by_file(spark, captures[3], workload, tmp_path, ["p1 prepared"], in_stream=set())
 
 
-def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path):
+def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, monkeypatch):
+    """Four runs, `_runs` compacted whenever it holds more than 2 files (50 outside tests)."""
     workload, captures = pg16_capture
     messages = captures[4]
     assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)  # Stream Abort with abort_lsn
     names = ["interleaved", "p3 stream", "pgbench load"]
+    monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
     _file_by_file(spark, messages, workload, tmp_path, names, in_stream=set(names))
+    runs = f"delta.`{tmp_path}/target/_runs`"
+    (files,) = spark.sql(f"DESCRIBE DETAIL {runs}").select("numFiles").first()
+    operations = [r[0] for r in spark.sql(f"DESCRIBE HISTORY {runs}").select("operation").collect()]
+    assert files <= 2 and "OPTIMIZE" in operations  # the third run's append made 3
+    assert spark.read.format("delta").load(f"{tmp_path}/target/_runs").count() == len(names) + 1
 
 
 def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...],

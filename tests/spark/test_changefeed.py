@@ -7,6 +7,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import decode, read_capture
 from pgoutput_spark.changefeed import run_changes
+from pgoutput_spark.mirroring import delta
 from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
@@ -61,9 +62,11 @@ def _land(messages, tmp_path, landing, name):
         path.rename(landing / f"{name}-{path.name}")  # files land one by one
 
 
-def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path):
+def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path, monkeypatch):
     """Landed at least once: each file after the first lands again in part beside it (the
-    end of the file before, already applied, and the start of its own)."""
+    end of the file before, already applied, and the start of its own). The runs' own table
+    is compacted whenever it holds more than 2 files (50 outside tests)."""
+    monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
     messages, oracle = captured
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")
@@ -85,6 +88,9 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
         held = spark.read.format("delta").load(f"{target}/_pgoutput/pending").select("_run_hi").distinct()
         assert {r[0] for r in held.collect()} <= {result.lo, result.hi}
     assert saved[0] > 0  # the first run's rows were saved, and later deleted
+    runs = f"delta.`{target}/_pgoutput/runs`"
+    assert spark.sql(f"DESCRIBE DETAIL {runs}").first()["numFiles"] <= 2
+    assert [r[0] for r in spark.sql(f"SELECT status FROM {runs} ORDER BY at").collect()] == ["started", "finished"] * 3
     expected = _oracle_by_table(oracle)
     for table in TABLES:
         schema, rows = _ours(spark, target, table, expected[table])

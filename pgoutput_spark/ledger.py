@@ -37,6 +37,10 @@ RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_
                f"finished_at timestamp, duration_s double, new_files array<string>")
 
 
+#: Rows a relations table may hold beyond the versions its history keeps before a run rewrites it.
+REPEATS_REWRITTEN = 1000
+
+
 @dataclass(frozen=True)
 class Lease:
     run_id: str
@@ -157,10 +161,18 @@ class Ledger:
                 .select("lo_seq", "hi_seq", "messages").collect()]
 
     def history(self) -> RelationHistory:
+        """The relation history saved at ``relations_path``. A table holding many more rows than
+        versions the history keeps (saved by runs from before they left out the Relation / Type
+        messages PostgreSQL sends again in each walsender session) is rewritten with those alone,
+        once (`REPEATS_REWRITTEN`): every run reads it whole."""
         history = RelationHistory()
         if _is_delta(self.spark, self.relations_path):
-            history.add(versions_from_rows(self.spark.read.format("delta").load(self.relations_path)
-                                           .collect()))
+            rows = self.spark.read.format("delta").load(self.relations_path).collect()
+            history.add(versions_from_rows(rows))
+            kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
+            if len(rows) - len(kept) >= REPEATS_REWRITTEN:
+                table = self.spark.read.format("delta").load(self.relations_path)
+                table.where(F.col("seq").isin(kept)).write.format("delta").mode("overwrite").save(self.relations_path)
         return history
 
     def pending(self, hi: int | None) -> DataFrame | None:

@@ -26,9 +26,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgoutput_spark import decode_message, read_capture
+from pgoutput_spark import decode, decode_message, read_capture
+from pgoutput_spark import ledger as ledger_module
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.capture import CaptureColumns
 from pgoutput_spark.lsn import Lsn
@@ -592,6 +594,41 @@ def test_files_landed_after_runs_applied_past_them(spark, pg15, tmp_path, landin
         mirror, source = rows(table)
         assert mirror == source, table
     assert run().skipped  # the late file is recorded: no error, nothing new
+
+
+def test_a_relations_table_holding_every_sessions_repeats_is_rewritten_once(spark, pg15, tmp_path, monkeypatch):
+    """Runs from before they left out the Relation / Type messages PostgreSQL sends again in
+    each walsender session saved every one (here: the table as they wrote it, from four
+    sessions). The next run rewrites it with the versions that change a schema (PostgreSQL's
+    bytes say which), once; the mirror equals the source table."""
+    db = new_database(pg15, "repeats")
+    pg15.execute("CREATE TYPE mood AS ENUM ('ok', 'sad'); CREATE TABLE t (id int PRIMARY KEY, m mood, n int);"
+                 " CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+    pg15.create_slot("repeats_slot", dbname=db)
+    messages: list[CapturedMessage] = []
+    for step in range(4):
+        if step == 2:
+            pg15.execute("ALTER TABLE t ADD COLUMN note text", dbname=db)
+        pg15.execute(f"INSERT INTO t VALUES ({step}, 'ok', {step}); UPDATE t SET n = n + 1", dbname=db)
+        messages += pg15.get_pgoutput("repeats_slot", publications=["pub"], proto_version=1,
+                                      seq_start=len(messages), dbname=db)
+    landing, target = tmp_path / "landing", str(tmp_path / "target")
+    write_capture_parquet(messages, landing)
+    capture = read_capture(spark, str(landing))
+    relations = f"{target}/_pgoutput/relations"
+    decode(capture).where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type") \
+        .write.format("delta").save(relations)
+    assert spark.read.format("delta").load(relations).count() == 8  # a Relation and a Type per session
+
+    monkeypatch.setattr(ledger_module, "REPEATS_REWRITTEN", 3)
+    run_apply(spark, capture, target)
+    changed, total = _schema_changes(messages, CaptureIndex(messages))
+    assert (len(changed), total) == (3, 8)  # the type, the table, the table with its new column
+    saved = sorted(r[0] for r in spark.read.format("delta").load(relations).select("seq").collect())
+    assert saved == sorted(changed)
+    mirror = sorted(tuple(r) for r in spark.read.format("delta").load(f"{target}/public/t").collect())
+    assert mirror == sorted(pg15.query("SELECT id, m::text, n, note FROM t", dbname=db))
+    assert run_apply(spark, capture, target).skipped and commits(relations) == 2  # written, rewritten
 
 
 def test_timestamp_without_time_zone(spark, pg15, tmp_path):

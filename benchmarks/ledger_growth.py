@@ -1,0 +1,153 @@
+"""A target's own tables as runs accumulate: what a pipeline that runs every few minutes meets after months.
+
+    .venv/bin/python benchmarks/ledger_growth.py [--sessions 100 1000 4000] [--files 1 50 500 3000]
+        [--capture examples/sample_capture] [--json PATH]
+
+1. Relations saved by real runs: the capture (``examples/sample_capture``: three
+   files, each landed by a decoding session of its own, each sending the tables'
+   Relation messages again) applied file by file; prints the Relation / Type
+   messages the capture holds and the rows the runs saved in
+   ``_pgoutput/relations``.
+2. Loading the relation history (`pgoutput_spark.ledger.Ledger.history`: read the
+   table, add its rows) from a table holding the rows the runs of 1. saved, then,
+   for each of SESSIONS - 1 later sessions, the latest Relation / Type message of
+   each OID again (what PostgreSQL sends in each, and what runs that saved every
+   message kept; a pipeline capturing every few minutes meets thousands of
+   sessions within weeks): the first load (which rewrites such a table, where
+   this version does) and the next.
+3. ``status`` on the target of 1. whose ``_runs`` holds FILES files (one per
+   run, as appends leave it; copies of a run's row): its time, then, where this
+   version has it, the time of `pgoutput_spark.mirroring.delta.compact_files`
+   (what a run does past `LEDGER_MAX_FILES`) and of ``status`` after it.
+
+Prints, with the machine it ran on, seconds per step. Run it from a git worktree
+of an older commit to measure that commit's code (the script imports the package
+beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.machine import Machine, finish, format_load, load_average  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sample_capture"
+
+
+def _timed(call: Any) -> float:
+    """Seconds of a second ``call`` (the first reads the tables' Delta state)."""
+    call()
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capture", type=Path, default=SAMPLE)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[100, 1000, 4000])
+    parser.add_argument("--files", type=int, nargs="+", default=[1, 50, 500, 3000])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+
+    from pyspark.sql import functions as F
+
+    from pgoutput_spark.apply import run_apply, status
+    from pgoutput_spark.capture import read_capture
+    from pgoutput_spark.ledger import Ledger
+    from pgoutput_spark.spark.session import build_spark_session
+
+    try:
+        from pgoutput_spark.mirroring.delta import compact_files
+    except ImportError:  # a version from before runs compacted their tables
+        compact_files = None
+
+    machine = Machine.current()
+    print(f"machine: {machine.line()}; load {format_load(load_average())}")
+    spark = build_spark_session(master="local[2]")
+    results: dict[str, Any] = {"machine": machine.as_dict(), "capture": str(args.capture)}
+    files = sorted(p for p in args.capture.iterdir() if p.suffix == ".parquet")
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-") as tmp:
+        # 1. Real runs, one capture file (one decoding session) each.
+        target, landing = f"{tmp}/target", Path(tmp) / "landing"
+        landing.mkdir()
+        for f in files:
+            (landing / f.name).write_bytes(f.read_bytes())
+            run_apply(spark, read_capture(spark, str(landing)), target)
+        capture = read_capture(spark, str(args.capture))
+        sent = capture.where(F.substring("data", 1, 1).cast("string").isin("R", "Y")).count()
+        relations = spark.read.format("delta").load(f"{target}/_pgoutput/relations")
+        saved = relations.count()
+        print(f"1. {len(files)} runs, one capture file each: the capture holds {sent} Relation / Type "
+              f"messages; the runs saved {saved}")
+        results["relations"] = {"runs": len(files), "sent": sent, "saved": saved}
+
+        # 2. The history loaded from the runs' rows and then, for each later session, the
+        # latest Relation / Type message of each OID again (what PostgreSQL sends).
+        columns = relations.select("seq", "relation", "type")
+        saved_rows = columns.collect()
+        latest = {}
+        for r in sorted(saved_rows, key=lambda r: r["seq"]):
+            latest[("relation", r["relation"]["relation_id"]) if r["relation"] else ("type", r["type"]["type_id"])] = r
+        span = max(r["seq"] for r in saved_rows) + 1
+        again = spark.createDataFrame(list(latest.values()), columns.schema)
+        loads = []
+        for sessions in [1, *args.sessions]:
+            root = f"{tmp}/history-{sessions}"
+            repeated = again.crossJoin(spark.range(1, sessions).withColumnRenamed("id", "session")) \
+                .withColumn("seq", F.col("seq") + F.col("session") * span).drop("session")
+            table = spark.createDataFrame(saved_rows, columns.schema).unionByName(repeated)
+            table.coalesce(1).write.format("delta").save(f"{root}/_pgoutput/relations")
+            n_rows = len(saved_rows) + len(latest) * (sessions - 1)
+            ledger = Ledger(spark, root, "default")
+            spark.read.format("delta").load(f"{root}/_pgoutput/relations").count()  # its Delta state read
+            started = time.perf_counter()
+            ledger.history()  # where this version does, rewrites a table of many repeats
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            history = ledger.history()
+            then = time.perf_counter() - started
+            versions = sum(len(v) for v in history.relations.values()) + sum(len(v) for v in history.types.values())
+            held = spark.read.format("delta").load(f"{root}/_pgoutput/relations").count()
+            print(f"2. history from {n_rows} rows ({sessions} sessions): {first:.2f} s, then {then:.2f} s; "
+                  f"{versions} versions kept, {held} rows in the table after", flush=True)
+            loads.append({"sessions": sessions, "rows": n_rows, "first_seconds": first, "then_seconds": then,
+                          "versions": versions, "rows_after": held})
+        results["history"] = loads
+
+        # 3. `status` over a `_runs` of many files, then compacted.
+        runs_path = f"{target}/_runs"
+        row = spark.read.format("delta").load(runs_path).limit(1)
+        statuses = []
+        for n in sorted(args.files):
+            held = spark.sql(f"DESCRIBE DETAIL delta.`{runs_path}`").first()["numFiles"]
+            if n > held:  # copies of a run's row, a file each, as that many runs' appends leave them
+                copies = row.crossJoin(spark.range(n - held).withColumnRenamed("id", "copy")) \
+                    .withColumn("run_id", F.concat(F.lit("copy-"), F.col("copy").cast("string"))).drop("copy")
+                copies.repartition(n - held).write.format("delta").mode("append").save(runs_path)
+            entry: dict[str, Any] = {"files": max(n, held), "status_seconds": _timed(lambda: status(spark, target))}
+            line = f"3. status with _runs in {entry['files']} files: {entry['status_seconds']:.2f} s"
+            if compact_files is not None and entry["files"] > 1:
+                started = time.perf_counter()
+                compact_files(spark, runs_path, max_files=1)
+                entry["compact_seconds"] = time.perf_counter() - started
+                entry["status_after_seconds"] = _timed(lambda: status(spark, target))
+                line += (f"; compact_files {entry['compact_seconds']:.2f} s, then status "
+                         f"{entry['status_after_seconds']:.2f} s")
+            statuses.append(entry)
+            print(line, flush=True)
+        results["status"] = statuses
+    print(f"load {format_load(load_average())}")
+    spark.stop()
+    return finish(results, argv, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -172,7 +172,8 @@ class Ledger:
             kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
             if len(rows) - len(kept) >= REPEATS_REWRITTEN:
                 table = self.spark.read.format("delta").load(self.relations_path)
-                table.where(F.col("seq").isin(kept)).write.format("delta").mode("overwrite").save(self.relations_path)
+                table.where(F.col("seq").isin(kept)).dropDuplicates(["seq"]).write.format("delta") \
+                    .mode("overwrite").save(self.relations_path)
         return history
 
     def pending(self, hi: int | None) -> DataFrame | None:

@@ -1,7 +1,7 @@
 """A target's own tables as runs accumulate: what a pipeline that runs every few minutes meets after months.
 
     .venv/bin/python benchmarks/ledger_growth.py [--sessions 100 1000 4000] [--files 1 50 500 3000]
-        [--capture examples/sample_capture] [--json PATH]
+        [--runs 1000 10000 50000] [--capture examples/sample_capture] [--json PATH]
 
 1. Relations saved by real runs: the capture (``examples/sample_capture``: three
    files, each landed by a decoding session of its own, each sending the tables'
@@ -19,6 +19,8 @@
    run, as appends leave it; copies of a run's row): its time, then, where this
    version has it, the time of `pgoutput_spark.mirroring.delta.compact_files`
    (what a run does past `LEDGER_MAX_FILES`) and of ``status`` after it.
+4. `pgoutput_spark.mirror` (now, and ``as_of_lsn``) on that target with RUNS
+   rows in ``_runs`` (copies of a run's row), compacted.
 
 Prints, with the machine it ran on, seconds per step. Run it from a git worktree
 of an older commit to measure that commit's code (the script imports the package
@@ -54,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", type=Path, default=SAMPLE)
     parser.add_argument("--sessions", type=int, nargs="+", default=[100, 1000, 4000])
     parser.add_argument("--files", type=int, nargs="+", default=[1, 50, 500, 3000])
+    parser.add_argument("--runs", type=int, nargs="+", default=[1000, 10000, 50000])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.apply import run_apply, status
+    from pgoutput_spark.apply import mirror, run_apply, status
     from pgoutput_spark.capture import read_capture
     from pgoutput_spark.ledger import Ledger
     from pgoutput_spark.spark.session import build_spark_session
@@ -144,6 +147,24 @@ def main(argv: list[str] | None = None) -> int:
             statuses.append(entry)
             print(line, flush=True)
         results["status"] = statuses
+
+        # 4. `mirror` (the notebook API) over a `_runs` of many rows, compacted.
+        name = sorted(status(spark, target).mirrors)[0]
+        point = status(spark, target).read_point
+        reads = []
+        for n in sorted(args.runs):
+            held = spark.read.format("delta").load(runs_path).count()
+            if n > held:
+                row.crossJoin(spark.range(n - held).withColumnRenamed("id", "copy")) \
+                    .withColumn("run_id", F.concat(F.lit("copy-"), F.col("copy").cast("string"))).drop("copy") \
+                    .coalesce(1).write.format("delta").mode("append").save(runs_path)
+            spark.sql(f"OPTIMIZE delta.`{runs_path}`").collect()
+            entry = {"runs": max(n, held), "mirror_seconds": _timed(lambda: mirror(spark, target, name)),
+                     "mirror_as_of_seconds": _timed(lambda: mirror(spark, target, name, as_of_lsn=point))}
+            print(f"4. mirror({name!r}) with {entry['runs']} runs in _runs: {entry['mirror_seconds']:.2f} s; "
+                  f"as_of_lsn: {entry['mirror_as_of_seconds']:.2f} s", flush=True)
+            reads.append(entry)
+        results["mirror"] = reads
     print(f"load {format_load(load_average())}")
     spark.stop()
     return finish(results, argv, args.json)

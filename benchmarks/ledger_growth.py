@@ -51,6 +51,14 @@ def _timed(call: Any) -> float:
     return time.perf_counter() - started
 
 
+def _copies(row: Any, n: int) -> Any:
+    """``n`` copies of the one-row frame ``row`` (a run's row of ``_runs``), each its own run_id."""
+    from pyspark.sql import functions as F
+
+    return row.crossJoin(row.sparkSession.range(n).withColumnRenamed("id", "copy")) \
+        .withColumn("run_id", F.concat(F.lit("copy-"), F.col("copy").cast("string"))).drop("copy")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capture", type=Path, default=SAMPLE)
@@ -132,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sorted(args.files):
             held = spark.sql(f"DESCRIBE DETAIL delta.`{runs_path}`").first()["numFiles"]
             if n > held:  # copies of a run's row, a file each, as that many runs' appends leave them
-                copies = row.crossJoin(spark.range(n - held).withColumnRenamed("id", "copy")) \
-                    .withColumn("run_id", F.concat(F.lit("copy-"), F.col("copy").cast("string"))).drop("copy")
-                copies.repartition(n - held).write.format("delta").mode("append").save(runs_path)
+                _copies(row, n - held).repartition(n - held).write.format("delta").mode("append").save(runs_path)
             entry: dict[str, Any] = {"files": max(n, held), "status_seconds": _timed(lambda: status(spark, target))}
             line = f"3. status with _runs in {entry['files']} files: {entry['status_seconds']:.2f} s"
             if compact_files is not None and entry["files"] > 1:
@@ -155,9 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sorted(args.runs):
             held = spark.read.format("delta").load(runs_path).count()
             if n > held:
-                row.crossJoin(spark.range(n - held).withColumnRenamed("id", "copy")) \
-                    .withColumn("run_id", F.concat(F.lit("copy-"), F.col("copy").cast("string"))).drop("copy") \
-                    .coalesce(1).write.format("delta").mode("append").save(runs_path)
+                _copies(row, n - held).coalesce(1).write.format("delta").mode("append").save(runs_path)
             spark.sql(f"OPTIMIZE delta.`{runs_path}`").collect()
             entry = {"runs": max(n, held), "mirror_seconds": _timed(lambda: mirror(spark, target, name)),
                      "mirror_as_of_seconds": _timed(lambda: mirror(spark, target, name, as_of_lsn=point))}

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
+from .ledger import saved_history
 from .mirroring.delta import (
     absolute_path,
     append_rows,
@@ -110,11 +111,7 @@ class _State:
         compact_files(self.spark, self.runs)  # a file or two per run
 
     def history(self) -> RelationHistory:
-        history = RelationHistory()
-        if _exists(self.spark, self.relations_path):
-            rows = self.spark.read.format("delta").load(self.relations_path).collect()
-            history.add(versions_from_rows(rows))
-        return history
+        return saved_history(self.spark, self.relations_path)
 
     def pending(self, hi: int | None) -> DataFrame | None:
         return saved_open_rows(self.spark, self.pending_path, hi)

@@ -161,23 +161,28 @@ class Ledger:
                 .select("lo_seq", "hi_seq", "messages").collect()]
 
     def history(self) -> RelationHistory:
-        """The relation history saved at ``relations_path``. A table holding many more rows than
-        versions the history keeps (saved by runs from before they left out the Relation / Type
-        messages PostgreSQL sends again in each walsender session) is rewritten with those alone,
-        once (`REPEATS_REWRITTEN`): every run reads it whole."""
-        history = RelationHistory()
-        if _is_delta(self.spark, self.relations_path):
-            rows = self.spark.read.format("delta").load(self.relations_path).collect()
-            history.add(versions_from_rows(rows))
-            kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
-            if len(rows) - len(kept) >= REPEATS_REWRITTEN:
-                table = self.spark.read.format("delta").load(self.relations_path)
-                table.where(F.col("seq").isin(kept)).dropDuplicates(["seq"]).write.format("delta") \
-                    .mode("overwrite").save(self.relations_path)
-        return history
+        return saved_history(self.spark, self.relations_path)
 
     def pending(self, hi: int | None) -> DataFrame | None:
         return saved_open_rows(self.spark, self.pending_path, hi)
+
+
+def saved_history(spark: SparkSession, path: str) -> RelationHistory:
+    """The relation history saved at ``path`` (empty without a table). A table holding many more
+    rows than versions the history keeps (saved by runs from before they left out the Relation /
+    Type messages PostgreSQL sends again in each walsender session) is rewritten with those
+    alone, once (`REPEATS_REWRITTEN`): every run reads it whole. The rewrite removes only the
+    files it read; rows a concurrent run appends meanwhile stay."""
+    history = RelationHistory()
+    if not _is_delta(spark, path):
+        return history
+    rows = spark.read.format("delta").load(path).collect()
+    history.add(versions_from_rows(rows))
+    kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
+    if len(rows) - len(kept) >= REPEATS_REWRITTEN:
+        table = spark.read.format("delta").load(path)
+        table.where(F.col("seq").isin(kept)).dropDuplicates(["seq"]).write.format("delta").mode("overwrite").save(path)
+    return history
 
 
 def _string_array(values: tuple[str, ...]) -> str:

@@ -33,6 +33,7 @@ from pgoutput_spark import decode, decode_message, read_capture
 from pgoutput_spark import ledger as ledger_module
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.capture import CaptureColumns
+from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring import delta
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
@@ -600,7 +601,7 @@ def test_a_relations_table_holding_every_sessions_repeats_is_rewritten_once(spar
     """Runs from before they left out the Relation / Type messages PostgreSQL sends again in
     each walsender session saved every one (here: the table as they wrote it, from four
     sessions). The next run rewrites it with the versions that change a schema (PostgreSQL's
-    bytes say which), once; the mirror equals the source table."""
+    bytes say which), once; the mirror equals the source table. A changes run likewise."""
     db = new_database(pg15, "repeats")
     pg15.execute("CREATE TYPE mood AS ENUM ('ok', 'sad'); CREATE TABLE t (id int PRIMARY KEY, m mood, n int);"
                  " CREATE PUBLICATION pub FOR TABLE t", dbname=db)
@@ -616,8 +617,8 @@ def test_a_relations_table_holding_every_sessions_repeats_is_rewritten_once(spar
     write_capture_parquet(messages, landing)
     capture = read_capture(spark, str(landing))
     relations = f"{target}/_pgoutput/relations"
-    decode(capture).where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type") \
-        .write.format("delta").save(relations)
+    every = decode(capture).where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
+    every.write.format("delta").save(relations)
     assert spark.read.format("delta").load(relations).count() == 8  # a Relation and a Type per session
 
     monkeypatch.setattr(ledger_module, "REPEATS_REWRITTEN", 3)
@@ -629,6 +630,13 @@ def test_a_relations_table_holding_every_sessions_repeats_is_rewritten_once(spar
     mirror = sorted(tuple(r) for r in spark.read.format("delta").load(f"{target}/public/t").collect())
     assert mirror == sorted(pg15.query("SELECT id, m::text, n, note FROM t", dbname=db))
     assert run_apply(spark, capture, target).skipped and commits(relations) == 2  # written, rewritten
+
+    # The changes job loads its relation history the same way.
+    changes_target = str(tmp_path / "changes")
+    every.write.format("delta").save(f"{changes_target}/_pgoutput/relations")
+    run_changes(spark, capture, changes_target)
+    assert sorted(r[0] for r in spark.read.format("delta").load(f"{changes_target}/_pgoutput/relations")
+                  .select("seq").collect()) == sorted(changed)
 
 
 def test_timestamp_without_time_zone(spark, pg15, tmp_path):

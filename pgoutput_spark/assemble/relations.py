@@ -105,11 +105,12 @@ class RelationHistory:
         for type_id, new in added_types.items():
             self.types[type_id] = _changes(self.types.get(type_id, []), new, lambda t: (t.namespace, t.name), kept)
         for relation_id, fresh in added_relations.items():
-            self.relations[relation_id] = _changes(self.relations.get(relation_id, []), fresh, self._layout, kept)
+            self.relations[relation_id] = _changes(self.relations.get(relation_id, []), fresh, self.layout, kept)
         return sorted(kept, key=lambda v: v.seq)
 
-    def _layout(self, version: RelationVersion) -> tuple:  # type: ignore[type-arg]
-        """What a change converted with ``version`` depends on (`typed_batch`)."""
+    def layout(self, version: RelationVersion) -> tuple:  # type: ignore[type-arg]
+        """What ``version`` says of a change: its relation's names, replica identity, columns and
+        the columns' types as resolved then (equal layouts convert changes alike)."""
         return (version.namespace, version.name, version.replica_identity, version.columns,
                 tuple(self.pg_type(c, version.seq + 1) for c in version.columns))
 

@@ -224,14 +224,11 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
         missing = change_rows[version_of[change_rows] < 0]
         if missing.size:
             history.version_at(relation_id, int(seq[missing[0]]))  # raises UnknownRelationError
-        # Consecutive Relation messages often describe the same columns (one per walsender
-        # session): their rows are converted together.
+        # Versions apart that describe the same columns again (a column added, then dropped):
+        # their rows are converted together.
         same: dict[tuple, int] = {}  # type: ignore[type-arg]
         for v in np.unique(version_of[change_rows]).tolist():
-            version = versions[v]
-            layout = (version.namespace, version.name, version.columns,
-                      tuple(history.pg_type(c, version.seq + 1) for c in version.columns))
-            first = same.setdefault(layout, v)
+            first = same.setdefault(history.layout(versions[v]), v)
             if first != v:
                 version_of[version_of == v] = first
     parts: list[tuple[np.ndarray, dict[str, pa.Array], dict[str, pa.Array], pa.Array]] = []

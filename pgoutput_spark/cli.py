@@ -7,7 +7,7 @@
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
     pgoutput-spark apply --target ROOT [--config conf/local.yaml] [--capture PATH]
-    pgoutput-spark status --target ROOT [--config conf/local.yaml]
+    pgoutput-spark status --target ROOT [--config conf/local.yaml] [--last N|all]
 
 Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
 bad arguments, 3 when ``verify`` finds a mirror that differs from its source.
@@ -149,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--format", help=argparse.SUPPRESS)
     status.add_argument("--on-error", help=argparse.SUPPRESS)
     status.add_argument("--quarantine", help=argparse.SUPPRESS)
+    status.add_argument("--last", type=_last_runs, default=10, metavar="N|all",
+                        help="the last N runs (default 10; `all`: every run, read whole)")
     status.add_argument("--master", help="Spark master (default from the configuration)")
     for name, command in sub.choices.items():
         command.add_argument("--conf", action="append", type=_spark_setting, default=[], metavar="KEY=VALUE",
@@ -267,11 +269,11 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     return _until_caught_up(once, args.until_caught_up, say)
 
 
-def run_status_command(config: Config, target: str) -> Any:
+def run_status_command(config: Config, target: str, last: int | None = 10) -> Any:
     from .reading import status
 
     spark = _spark(config)
-    return status(spark, target, config.changes.pipeline)
+    return status(spark, target, config.changes.pipeline, last=last)
 
 
 def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
@@ -347,6 +349,19 @@ def run_decode(config: Config, output: str | None = None) -> Any:
     return summary
 
 
+def _last_runs(text: str) -> int | None:
+    """``status --last``: a count of runs, or ``all`` (None)."""
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of runs or `all`, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of runs (0 or more) or `all`, not {text!r}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -393,9 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "verify":
                 result = run_verify_command(config, args)
             else:
-                result = run_status_command(config, args.target)
+                result = run_status_command(config, args.target, args.last)
         if as_json:
             print(json.dumps({"command": args.command, "ok": True, "result": _jsonable(result)}))
+        elif args.command == "status":  # the runs asked for (`--last`), not the render's default 10
+            print(result.render(last=len(result.runs)))
         else:
             print(result.render())
         return 3 if args.command == "verify" and result.differing else 0

@@ -22,7 +22,7 @@ from .mirroring.delta import METADATA_KEY, mirror_path, path_table, recorded_com
 class Status:
     """A target's run history and its consistent read point."""
 
-    runs: list[dict[str, Any]]
+    runs: list[dict[str, Any]]  # oldest first: every run's row, or the last few asked for (`status`)
     read_point: int | None  # every mirror is complete up to this commit LSN
     running: bool  # a run holds the lease (or died holding it)
     position: int | None  # capture seq up to which runs have finished
@@ -31,6 +31,7 @@ class Status:
     # (kind: streamed | prepared | block, xid, first seq, first LSN, rows), oldest first. One
     # whose first seq stays while the position moves on may never end (see README).
     open_transactions: list[tuple[str, int | None, int, int | None, int]] = field(default_factory=list)
+    run_count: int | None = None  # the target's runs, where `runs` holds the last few only
 
     def render(self, last: int = 10) -> str:
         lines = []
@@ -40,8 +41,10 @@ class Status:
                      else "capture position: start")
         if self.running:
             lines.append("a run is in progress, or the last one died: the next run redoes its slice")
-        lines.append(f"runs: {len(self.runs)}" + (f" (last {last})" if len(self.runs) > last else ""))
-        for r in self.runs[-last:]:
+        count = len(self.runs) if self.run_count is None else self.run_count
+        shown = self.runs[max(0, len(self.runs) - last):]
+        lines.append(f"runs: {count}" + (f" (last {len(shown)})" if count > len(shown) else ""))
+        for r in shown:
             to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
             changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
             after = "the start" if r["lo_seq"] is None else f"seq {r['lo_seq']}"
@@ -66,30 +69,49 @@ class Status:
         return "\n".join(lines)
 
 
-def status(spark: SparkSession, target: str, pipeline: str = "default") -> Status:
-    """The run history of ``target`` and the LSN up to which every mirror is complete."""
-    return _status(spark, target, pipeline, count=True)
+def status(spark: SparkSession, target: str, pipeline: str = "default", *, last: int | None = None) -> Status:
+    """The run history of ``target`` and the LSN up to which every mirror is complete.
+
+    ``last``: `Status.runs` holds the last ``last`` runs' rows only (`Status.run_count`
+    counts them all), read by Spark without bringing the others into Python: a target
+    run every few minutes holds tens of thousands of runs (50,000 rows took about 3 s to
+    read whole). ``None`` (the default) reads every run's row.
+    """
+    if last is not None and last < 0:
+        raise ValueError(f"last must be 0 or more, not {last}")
+    return _status(spark, target, pipeline, count=True, runs=last)
 
 
-def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, runs: bool = True) -> Status:
-    """`status`; without ``count``, each mirror's row count is left 0 (only its path is read);
-    without ``runs``, `Status.runs` is left empty and each mirror's path is found by Spark (a
-    run's row each: with 50,000 runs, about 3 s of `mirror` went to reading them into Python)."""
+def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, runs: int | None = None) -> Status:
+    """`status`; without ``count``, each mirror's row count is left 0 (only its path is read)
+    and the runs are not counted;
+    with ``runs`` a number, `Status.runs` holds that many of the last runs (0: none) and each
+    mirror's path is found by Spark (a run's row each: with 50,000 runs, about 3 s of `mirror`
+    went to reading them into Python)."""
     ledger = Ledger(spark, target, pipeline)
     lease = ledger.lease() if _is_delta(spark, ledger.lease_path) else None  # none before a first run
     rows: list[dict[str, Any]] = []
     mirrors: dict[str, tuple[str, int]] = {}
+    run_count = None
     if _is_delta(spark, ledger.runs_path):
         finished = spark.read.format("delta").load(ledger.runs_path).where(F.col("pipeline") == pipeline)
-        if runs:
-            rows = [r.asDict(recursive=True) for r in finished.orderBy("hi_seq").drop("new_files").collect()]
+        order = ("hi_seq", "finished_at")  # a run that only rebuilds ends where the run before it did
+        if runs is None:
+            rows = [r.asDict(recursive=True) for r in finished.orderBy(*order).drop("new_files").collect()]
             for run in rows:  # the path of a table's latest run
                 for t in run["tables"] or []:
                     mirrors[t["table"]] = (t["path"], 0)
-        else:
-            for r in finished.select("hi_seq", F.explode("tables").alias("t")).groupBy("t.table").agg(
-                    F.max_by("t.path", "hi_seq").alias("path")).collect():
-                mirrors[r["table"]] = (r["path"], 0)
+        else:  # three small Spark jobs, at once: each is mostly the driver's planning
+            latest = finished.orderBy(*map(F.desc, order)).limit(runs).drop("new_files")
+            paths = finished.select("hi_seq", F.explode("tables").alias("t")).groupBy("t.table").agg(
+                F.max_by("t.path", "hi_seq").alias("path"))
+            with ThreadPoolExecutor(max_workers=3) as pool:
+                asked = pool.submit(latest.collect) if runs else None
+                counted = pool.submit(finished.count) if count else None
+                for r in paths.collect():
+                    mirrors[r["table"]] = (r["path"], 0)
+                rows = [] if asked is None else [r.asDict(recursive=True) for r in reversed(asked.result())]
+                run_count = None if counted is None else counted.result()
     if _is_delta(spark, ledger.snapshots_path):  # mirrors a snapshot made, changed by no run yet
         snapshots = spark.read.format("delta").load(ledger.snapshots_path)
         if "path" in snapshots.columns:  # recorded since the snapshot's first tables are too
@@ -104,9 +126,9 @@ def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, run
         with ThreadPoolExecutor(max_workers=4) as pool:
             mirrors = dict(pool.map(counted, list(mirrors.items())))
     if lease is None:
-        return Status(rows, None, False, None, mirrors)
+        return Status(rows, None, False, None, mirrors, run_count=run_count)
     return Status(rows, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,
-                  _open_transactions(ledger.pending(lease.lo)))
+                  _open_transactions(ledger.pending(lease.lo)), run_count)
 
 
 def _open_transactions(pending: DataFrame | None) -> list[tuple[str, int | None, int, int | None, int]]:
@@ -145,7 +167,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     point (not applied yet) or before a snapshot the mirror started from.
     """
     ledger = Ledger(spark, target, pipeline)
-    state = _status(spark, target, pipeline, count=False, runs=False)  # the mirrors' paths, not their rows
+    state = _status(spark, target, pipeline, count=False, runs=0)  # the mirrors' paths, not their rows
     paths = {t: p for t, (p, _) in state.mirrors.items()}
     path = paths.get(table)
     if path is None:  # a mirror no run or recorded snapshot wrote: its path by the default layout

@@ -214,6 +214,8 @@ def test_every_shipped_configuration_loads(name):
 def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
     """--max-messages with --until-caught-up: runs of at most N messages, one after another,
     to the tables one run gives (the larger tables' net change in tasks of 100 rows)."""
+    import json
+
     from pgoutput_spark.apply import run_apply, status
     from pgoutput_spark.capture import read_capture
 
@@ -226,7 +228,25 @@ def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
     assert [line for line in captured.err.splitlines() if "running again" in line] == [
         "run up to seq 699 done (700 messages); running again",
         "run up to seq 1399 done (700 messages); running again"]
-    assert len(status(spark, target).runs) == 3
+    every = status(spark, target)
+    assert [r["hi_seq"] for r in every.runs] == [699, 1399, 1808] and every.run_count is None
+    # The last runs only, read by Spark: the same rows, every run counted, the same mirrors.
+    latest = status(spark, target, last=2)
+    assert (latest.runs, latest.run_count, latest.mirrors) == (every.runs[-2:], 3, every.mirrors)
+    assert (status(spark, target, last=0).runs, status(spark, target, last=0).run_count) == ([], 3)
+    assert main(["status", "--target", target, "--last", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "runs: 3 (last 2)\n" in out and "after seq 699 up to seq 1399" in out and "after the start" not in out
+    assert main(["status", "--target", target, "--last", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "runs: 3\n" in out and "after the start up to seq 699" in out
+    assert main(["status", "--target", target, "--json"]) == 0  # the default: the last 10
+    shown = json.loads(capsys.readouterr().out)["result"]
+    assert ([r["hi_seq"] for r in shown["runs"]], shown["run_count"]) == ([699, 1399, 1808], 3)
+    for bad in ("-1", "ten"):
+        with pytest.raises(SystemExit) as usage:
+            main(["status", "--target", target, "--last", bad])
+        assert usage.value.code == 2 and "a number of runs" in capsys.readouterr().err
     whole = str(tmp_path / "whole")
     run_apply(spark, read_capture(spark, str(SAMPLE)), whole)
     for schema, table in [("shop", "customers"), ("shop", "orders"), ("shop", "products")]:

@@ -116,7 +116,7 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     assert (st.read_point, st.running, st.position, len(st.runs)) == (4000, False, r2.hi, 2)
     # `mirror` finds the paths without reading the runs' rows into Python: the same.
     from pgoutput_spark.reading import _status
-    assert _status(spark, root, "default", count=False, runs=False).mirrors == \
+    assert _status(spark, root, "default", count=False, runs=0).mirrors == \
         {table: (path, 0) for table, (path, _) in st.mirrors.items()} and len(st.mirrors) == 2
     assert "consistent read point: 0/FA0" in st.render()
     assert paths[1].endswith("/Mixed Case/t%2Fwo")

@@ -19,8 +19,14 @@
    run, as appends leave it; copies of a run's row): its time, then, where this
    version has it, the time of `pgoutput_spark.mirroring.delta.compact_files`
    (what a run does past `LEDGER_MAX_FILES`) and of ``status`` after it.
-4. `pgoutput_spark.mirror` (now, and ``as_of_lsn``) on that target with RUNS
-   rows in ``_runs`` (copies of a run's row), compacted.
+4. `pgoutput_spark.mirror` (now, and ``as_of_lsn``) and ``status`` (every run's
+   row; where this version has ``last``, the last 10 as ``pgoutput-spark status``
+   prints them) on that target with RUNS rows in ``_runs`` (copies of a run's
+   row), compacted.
+5. A changes run (`pgoutput_spark.changefeed.run_changes`) with nothing new, on
+   a change-table target of the capture whose ``_pgoutput/runs`` holds the
+   rows of RUNS runs (two each: copies of its run's rows, earlier, without
+   files), compacted.
 
 Prints, with the machine it ran on, seconds per step. Run it from a git worktree
 of an older commit to measure that commit's code (the script imports the package
@@ -30,6 +36,7 @@ beside it).
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 import time
@@ -164,11 +171,40 @@ def main(argv: list[str] | None = None) -> int:
                 _copies(row, n - held).coalesce(1).write.format("delta").mode("append").save(runs_path)
             spark.sql(f"OPTIMIZE delta.`{runs_path}`").collect()
             entry = {"runs": max(n, held), "mirror_seconds": _timed(lambda: mirror(spark, target, name)),
-                     "mirror_as_of_seconds": _timed(lambda: mirror(spark, target, name, as_of_lsn=point))}
-            print(f"4. mirror({name!r}) with {entry['runs']} runs in _runs: {entry['mirror_seconds']:.2f} s; "
-                  f"as_of_lsn: {entry['mirror_as_of_seconds']:.2f} s", flush=True)
+                     "mirror_as_of_seconds": _timed(lambda: mirror(spark, target, name, as_of_lsn=point)),
+                     "status_seconds": _timed(lambda: status(spark, target))}
+            line = (f"4. mirror({name!r}) with {entry['runs']} runs in _runs: {entry['mirror_seconds']:.2f} s; "
+                    f"as_of_lsn: {entry['mirror_as_of_seconds']:.2f} s; status {entry['status_seconds']:.2f} s")
+            if "last" in inspect.signature(status).parameters:
+                entry["status_last_seconds"] = _timed(lambda: status(spark, target, last=10))
+                line += f", its last 10 runs {entry['status_last_seconds']:.2f} s"
+            print(line, flush=True)
             reads.append(entry)
         results["mirror"] = reads
+
+        # 5. The changes job's start over a runs table of many runs' rows.
+        from pgoutput_spark.changefeed import run_changes
+
+        feed = f"{tmp}/feed"
+        run_changes(spark, read_capture(spark, str(landing)), feed)
+        feed_runs = f"{feed}/_pgoutput/runs"
+        first_run = spark.read.format("delta").load(feed_runs)
+        pair = spark.createDataFrame(first_run.collect(), first_run.schema)  # its two rows, held apart
+        starts = []
+        for n in sorted(args.runs):
+            held = spark.read.format("delta").load(feed_runs).count() // 2
+            if n > held:
+                earlier = pair.crossJoin(spark.range(n - held).withColumnRenamed("id", "copy")).withColumn(
+                    "at", F.col("at") - F.make_interval(secs=F.col("copy") + 1)).withColumn(
+                    "new_files", F.lit(None).cast("array<string>")).drop("copy")
+                earlier.coalesce(1).write.format("delta").mode("append").save(feed_runs)
+            spark.sql(f"OPTIMIZE delta.`{feed_runs}`").collect()
+            seconds = _timed(lambda: run_changes(spark, read_capture(spark, str(landing)), feed))
+            assert run_changes(spark, read_capture(spark, str(landing)), feed).skipped
+            starts.append({"runs": max(n, held), "seconds": seconds})
+            print(f"5. a changes run with nothing new, {max(n, held)} runs' rows in its runs table: "
+                  f"{seconds:.2f} s", flush=True)
+        results["changes"] = starts
     print(f"load {format_load(load_average())}")
     spark.stop()
     return finish(results, argv, args.json)

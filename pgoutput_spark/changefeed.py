@@ -97,10 +97,28 @@ class _State:
         self.pending_path = f"{self.target}/_pgoutput/pending"
         self.quarantine_path = f"{self.target}/_pgoutput/quarantine"
 
-    def runs_rows(self) -> list[Any]:
+    def position(self) -> tuple[Any | None, Any | None, set[str] | None]:
+        """The last finished run's row, the last started run's row (an interrupted run's where it
+        ends after the finished one) and the capture files the finished runs saw (None before any
+        recorded them): one Spark job that brings no other run's row into Python (two rows a run;
+        reading them whole took seconds once runs were counted in tens of thousands)."""
         if not _exists(self.spark, self.runs):
-            return []
-        return self.spark.read.format("delta").load(self.runs).orderBy("at").collect()
+            return None, None, None
+        frame = self.spark.read.format("delta").load(self.runs)
+        if "new_files" not in frame.columns:  # a runs table of before the runs recorded their files
+            frame = frame.withColumn("new_files", F.lit(None).cast("array<string>"))
+        row = F.struct("lo", "hi", "begin_seq", "stream_xid", "messages")
+        finished, started = F.col("status") == "finished", F.col("status") == "started"
+        seen = F.when(finished, F.col("new_files"))
+        last, interrupted, files, recorded = frame.agg(
+            F.max_by(row, F.when(finished, F.col("at"))), F.max_by(row, F.when(started, F.col("at"))),
+            F.array_distinct(F.flatten(F.collect_list(seen))), F.count(seen)).first()
+        return last, interrupted, set(files) if recorded else None
+
+    def slices(self) -> list[tuple[int, int, int]]:
+        """(lo, hi, messages) of each finished run: for the check of files landed late."""
+        return [tuple(r) for r in self.spark.read.format("delta").load(self.runs)
+                .where(F.col("status") == "finished").select("lo", "hi", "messages").collect()]
 
     def record(self, status: str, lo: int, hi: int, scan: ScanState, messages: int = 0,
                changes: int = 0, new_files: tuple[str, ...] | None = None) -> None:
@@ -139,20 +157,17 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
-    runs = state.runs_rows()
-    finished = [r for r in runs if r["status"] == "finished"]
-    last = finished[-1] if finished else None
+    last, interrupted, files = state.position()
     scan_in = ScanState(last["begin_seq"], last["stream_xid"]) if last else ScanState()
     lo = last["hi"] if last else None
-    started = [r for r in runs if r["status"] == "started" and (lo is None or r["hi"] > lo)]
-    files = [r.asDict()["new_files"] for r in finished if r.asDict().get("new_files") is not None]
-    landed = landed_files(capture, columns or CaptureColumns(), lo, set().union(*files) if files else None,
-                          lambda: [(r["lo"], r["hi"], r["messages"]) for r in finished], accept=accept_late_files,
+    started = interrupted is not None and (lo is None or interrupted["hi"] > lo)
+    landed = landed_files(capture, columns or CaptureColumns(), lo, files, state.slices, accept=accept_late_files,
                           remedy="start the change tables over in a new target, or run with "
                                  "--accept-late-files (accept_late_files=True) to go on without them")
     remaining = False
     if started:  # an interrupted run: redo exactly its slice
-        hi = started[-1]["hi"]
+        assert interrupted is not None
+        hi = interrupted["hi"]
     else:
         newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
         if max_messages is not None:

@@ -27,6 +27,9 @@
    a change-table target of the capture whose ``_pgoutput/runs`` holds the
    rows of RUNS runs (two each: copies of its run's rows, earlier, without
    files), compacted.
+6. The vacuum of the target's own tables that a run does each time it compacts
+   ``_runs`` (every `LEDGER_MAX_FILES` runs), where this version has it: on the
+   target of 1., each table alone, then all four at a time as the run does.
 
 Prints, with the machine it ran on, seconds per step. Run it from a git worktree
 of an older commit to measure that commit's code (the script imports the package
@@ -205,6 +208,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"5. a changes run with nothing new, {max(n, held)} runs' rows in its runs table: "
                   f"{seconds:.2f} s", flush=True)
         results["changes"] = starts
+
+        # 6. The vacuum of the target's own tables (nothing to delete within 7 days' retention:
+        # the listing and the state are the cost).
+        try:
+            from pgoutput_spark.mirroring.delta import vacuum_files, vacuum_tables
+        except ImportError:  # a version from before runs vacuumed
+            vacuum_files = vacuum_tables = None
+        if vacuum_files is not None:
+            own = Ledger(spark, target, "default").own_tables()
+            alone = {path.rsplit("/", 1)[-1]: _timed(lambda: vacuum_files(spark, path)) for path in own}
+            together = _timed(lambda: vacuum_tables(spark, own))
+            results["vacuum"] = {"alone_seconds": alone, "together_seconds": together}
+            print(f"6. vacuum of the target's {len(own)} own tables: "
+                  + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in alone.items())
+                  + f"; four at a time, as a run does: {together:.2f} s", flush=True)
     print(f"load {format_load(load_average())}")
     spark.stop()
     return finish(results, argv, args.json)

@@ -70,6 +70,7 @@ from .mirroring.delta import (
     register,
     table_spec,
     txn_append,
+    vacuum_tables,
 )
 from .mirroring.history import history_fields, history_frame, merge_history
 from .mirroring.net import TableSpec
@@ -732,7 +733,8 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
             started: float, landed: Landed, appended: tuple[str, ...]) -> None:
     """Append the run's row to ``_runs`` and release the lease; before that, compact ``_runs``
     and the other tables of the target's own the run ``appended`` to when they hold many files
-    (`compact_files`: each run adds one)."""
+    (`compact_files`: each run adds one) and, when ``_runs`` was compacted (every
+    `LEDGER_MAX_FILES` runs), vacuum the target's own tables (`vacuum_tables`)."""
     spark = ledger.spark
     tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
                t.status) for t in result.tables]
@@ -746,7 +748,8 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
     else:
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
-    for path in (ledger.runs_path, *appended):
-        compact_files(spark, path)
+    compacted = [compact_files(spark, path) for path in (ledger.runs_path, *appended)]
+    if compacted[0]:  # every so many runs: the files the runs' rewrites and compactions left behind
+        vacuum_tables(spark, ledger.own_tables())
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))

@@ -40,6 +40,7 @@ from .mirroring.delta import (
     path_table,
     plan_schema,
     txn_append,
+    vacuum_tables,
 )
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
@@ -126,7 +127,10 @@ class _State:
                 None if new_files is None else list(new_files))]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         append_rows(frame, self.runs)
-        compact_files(self.spark, self.runs)  # a file or two per run
+        if compact_files(self.spark, self.runs):  # a file or two per run; compacted every 25 runs or so:
+            vacuum_tables(self.spark, [path for path in (self.runs, self.relations_path, self.pending_path,
+                                                         self.quarantine_path)
+                                       if _exists(self.spark, path)])  # what rewrites and compactions left
 
     def history(self) -> RelationHistory:
         return saved_history(self.spark, self.relations_path)

@@ -152,6 +152,12 @@ class Ledger:
                       "files": f"array_union({seen}, {_string_array(new)})"},
                      run_id, "record its end")
 
+    def own_tables(self) -> list[str]:
+        """The paths of the target's own Delta tables that exist (the lease, ``_runs``, ...)."""
+        paths = (self.lease_path, self.runs_path, self.relations_path, self.pending_path,
+                 self.quarantine_path, self.skipped_path, self.snapshots_path)
+        return [path for path in paths if _is_delta(self.spark, path)]
+
     def slices(self) -> list[tuple[int, int, int]]:
         """Each finished run's slice ``(lo, hi]`` and the messages it read (`capture.landed_files`)."""
         if not _is_delta(self.spark, self.runs_path):

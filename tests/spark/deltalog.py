@@ -1,8 +1,10 @@
-"""A Delta table's commits counted from its log, without a Spark job."""
+"""A Delta table's commits and removed files read from its log, without a Spark job."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 def commits(path: str | Path) -> int:
@@ -15,3 +17,27 @@ def commits(path: str | Path) -> int:
     if not log.is_dir():
         raise FileNotFoundError(f"no Delta table at {path}")
     return sum(1 for f in log.glob("*.json") if f.stem.isdigit())
+
+
+def removed_before(path: str | Path, at_ms: float) -> set[str]:
+    """The data files the commits of the Delta table at ``path`` made before ``at_ms`` (ms since
+    the epoch, as Delta's commit timestamps) removed."""
+    removed: set[str] = set()
+    for log in Path(path, "_delta_log").glob("*.json"):
+        actions = [json.loads(line) for line in log.read_text().splitlines()]
+        if next(a["commitInfo"]["timestamp"] for a in actions if "commitInfo" in a) < at_ms:
+            removed |= {a["remove"]["path"] for a in actions if "remove" in a}
+    return removed
+
+
+def check_vacuumed(spark: Any, vacuumed: list[tuple[str, float]], rewritten: set[str]) -> None:
+    """Each (table path, when) of ``vacuumed`` holds none of the files its commits removed before
+    then, and every file its version now reads; the tables named in ``rewritten`` (directory
+    names) were vacuumed, with files to delete."""
+    assert {Path(path).name for path, _ in vacuumed} >= rewritten, vacuumed
+    for path, at in vacuumed:
+        removed = removed_before(path, at)
+        held = {f.name for f in Path(path).glob("*.parquet")}
+        current = {Path(f).name for f in spark.read.format("delta").load(path).inputFiles()}
+        assert (bool(removed) or Path(path).name not in rewritten, removed & held, current <= held) == \
+            (True, set(), True), path

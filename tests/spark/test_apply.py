@@ -733,6 +733,29 @@ def _jobs_run(spark, group, action):
     return result, len(sc.statusTracker().getJobIdsForGroup(group))
 
 
+def test_vacuum_deletes_the_files_no_version_within_the_retention_reads(spark, tmp_path, caplog):
+    """`vacuum_files`: nothing within Delta's default retention (7 days); with none, every file
+    the table's rewrites removed, the current ones kept. `vacuum_tables` logs a table it cannot
+    vacuum and goes on."""
+    import logging
+
+    path = str(tmp_path / "lease")
+    spark.range(1).coalesce(1).write.format("delta").save(path)
+    for _ in range(4):
+        spark.sql(f"UPDATE delta.`{path}` SET id = id + 1")
+    files = sorted(p.name for p in (tmp_path / "lease").glob("*.parquet"))
+    assert len(files) == 5 and mirror_delta.vacuum_files(spark, path) == 0
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+              f"('delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
+    assert mirror_delta.vacuum_files(spark, path) == 4
+    current = [f.rsplit("/", 1)[-1] for f in spark.read.format("delta").load(path).inputFiles()]
+    assert sorted(p.name for p in (tmp_path / "lease").glob("*.parquet")) == current and current[0] in files
+    assert [r[0] for r in spark.read.format("delta").load(path).collect()] == [4]
+    with caplog.at_level(logging.WARNING, logger="pgoutput_spark.mirroring.delta"):
+        mirror_delta.vacuum_tables(spark, [str(tmp_path / "none"), path])
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"could not vacuum {tmp_path / 'none'}"]
+
+
 def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark, tmp_path, restore_spark_conf):
     """`row_count`: a mirror's rows from the file statistics in its version's checksum file, without
     a Spark job (less the rows a deletion vector removes); a count where the checksum has no

@@ -17,6 +17,7 @@ PostgreSQL's own text output where the Spark form is that text (see
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,7 @@ from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
 from .apply_workload import PUBLICATIONS, Driver, Dropped, TableSnap, Workload, drive, setup
-from .deltalog import commits
+from .deltalog import check_vacuumed, commits
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -449,19 +450,35 @@ def test_pg15_protocol_3_two_runs_cut_between_prepare_and_commit_prepared(spark,
     _file_by_file(spark, captures[3], workload, tmp_path, ["p1 prepared"], in_stream=set())
 
 
-def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, monkeypatch):
-    """Four runs, `_runs` compacted whenever it holds more than 2 files (50 outside tests)."""
+def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, monkeypatch, restore_spark_conf):
+    """Four runs, `_runs` compacted whenever it holds more than 2 files (50 outside tests), and
+    then the target's own tables vacuumed: with no retention (7 days outside tests), the files
+    the lease's and `pending`'s rewrites left behind are gone, and the next run reads them."""
     workload, captures = pg16_capture
     messages = captures[4]
     assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)  # Stream Abort with abort_lsn
     names = ["interleaved", "p3 stream", "pgbench load"]
     monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
+    spark.conf.set("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration", "interval 0 seconds")
+    vacuumed: list[tuple[str, float]] = []  # (table, when, in ms as Delta's commit timestamps)
+
+    real = delta.vacuum_files
+
+    def vacuum_files(session, path):
+        vacuumed.append((path, time.time() * 1000))
+        return real(session, path)
+
+    monkeypatch.setattr(delta, "vacuum_files", vacuum_files)  # as `vacuum_tables` calls it
     _file_by_file(spark, messages, workload, tmp_path, names, in_stream=set(names))
     runs = f"delta.`{tmp_path}/target/_runs`"
     (files,) = spark.sql(f"DESCRIBE DETAIL {runs}").select("numFiles").first()
     operations = [r[0] for r in spark.sql(f"DESCRIBE HISTORY {runs}").select("operation").collect()]
     assert files <= 2 and "OPTIMIZE" in operations  # the third run's append made 3
     assert spark.read.format("delta").load(f"{tmp_path}/target/_runs").count() == len(names) + 1
+    # The third run (whose append made `_runs` 3 files) vacuumed the target's own tables: the
+    # files their commits removed before it are gone, the current ones there (the fourth run
+    # read them).
+    check_vacuumed(spark, vacuumed, {"lease", "pending", "_runs"})
 
 
 def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...],

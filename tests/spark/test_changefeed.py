@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from pyspark.sql import types as T
 
@@ -12,7 +14,7 @@ from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
 from ..decoder.tuple_oracle import Truncate
-from .deltalog import commits
+from .deltalog import check_vacuumed, commits
 
 TABLES = ("a", "b", "c")
 INTS = {"id", "a_id", "n", "extra"}
@@ -62,11 +64,23 @@ def _land(messages, tmp_path, landing, name):
         path.rename(landing / f"{name}-{path.name}")  # files land one by one
 
 
-def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path, monkeypatch):
+def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captured, tmp_path, monkeypatch,
+                                                                     restore_spark_conf):
     """Landed at least once: each file after the first lands again in part beside it (the
     end of the file before, already applied, and the start of its own). The runs' own table
-    is compacted whenever it holds more than 2 files (50 outside tests)."""
+    is compacted whenever it holds more than 2 files (50 outside tests), and the target's own
+    tables vacuumed then (with no retention; 7 days outside tests)."""
     monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
+    spark.conf.set("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration", "interval 0 seconds")
+    vacuumed: list[tuple[str, float]] = []  # (table, when, in ms as Delta's commit timestamps)
+
+    real = delta.vacuum_files
+
+    def vacuum_files(session, path):
+        vacuumed.append((path, time.time() * 1000))
+        return real(session, path)
+
+    monkeypatch.setattr(delta, "vacuum_files", vacuum_files)  # as `vacuum_tables` calls it
     messages, oracle = captured
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")
@@ -91,6 +105,7 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     runs = f"delta.`{target}/_pgoutput/runs`"
     assert spark.sql(f"DESCRIBE DETAIL {runs}").first()["numFiles"] <= 2
     assert [r[0] for r in spark.sql(f"SELECT status FROM {runs} ORDER BY at").collect()] == ["started", "finished"] * 3
+    check_vacuumed(spark, vacuumed, {"runs"})  # compacted, then vacuumed, as its 3rd and 5th records made 3 files
     expected = _oracle_by_table(oracle)
     for table in TABLES:
         schema, rows = _ours(spark, target, table, expected[table])

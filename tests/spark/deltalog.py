@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,24 @@ def removed_before(path: str | Path, at_ms: float) -> set[str]:
         if next(a["commitInfo"]["timestamp"] for a in actions if "commitInfo" in a) < at_ms:
             removed |= {a["remove"]["path"] for a in actions if "remove" in a}
     return removed
+
+
+def recorded_vacuums(monkeypatch: Any, spark: Any) -> list[tuple[str, float]]:
+    """The (table path, when in ms) of each `vacuum_files` call from here on, the tables created
+    from here on without retention (7 days outside tests): for `check_vacuumed`. Needs the
+    ``restore_spark_conf`` fixture."""
+    from pgoutput_spark.mirroring import delta
+
+    spark.conf.set("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration", "interval 0 seconds")
+    vacuumed: list[tuple[str, float]] = []
+    real = delta.vacuum_files
+
+    def vacuum_files(session: Any, path: str) -> int:
+        vacuumed.append((path, time.time() * 1000))
+        return real(session, path)
+
+    monkeypatch.setattr(delta, "vacuum_files", vacuum_files)  # as `vacuum_tables` calls it
+    return vacuumed
 
 
 def check_vacuumed(spark: Any, vacuumed: list[tuple[str, float]], rewritten: set[str]) -> None:

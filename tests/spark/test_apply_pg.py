@@ -17,7 +17,6 @@ PostgreSQL's own text output where the Spark form is that text (see
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
 from .apply_workload import PUBLICATIONS, Driver, Dropped, TableSnap, Workload, drive, setup
-from .deltalog import check_vacuumed, commits
+from .deltalog import check_vacuumed, commits, recorded_vacuums
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -459,16 +458,7 @@ def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, mo
     assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)  # Stream Abort with abort_lsn
     names = ["interleaved", "p3 stream", "pgbench load"]
     monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
-    spark.conf.set("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration", "interval 0 seconds")
-    vacuumed: list[tuple[str, float]] = []  # (table, when, in ms as Delta's commit timestamps)
-
-    real = delta.vacuum_files
-
-    def vacuum_files(session, path):
-        vacuumed.append((path, time.time() * 1000))
-        return real(session, path)
-
-    monkeypatch.setattr(delta, "vacuum_files", vacuum_files)  # as `vacuum_tables` calls it
+    vacuumed = recorded_vacuums(monkeypatch, spark)
     _file_by_file(spark, messages, workload, tmp_path, names, in_stream=set(names))
     runs = f"delta.`{tmp_path}/target/_runs`"
     (files,) = spark.sql(f"DESCRIBE DETAIL {runs}").select("numFiles").first()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from pyspark.sql import types as T
 
@@ -14,7 +12,7 @@ from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
 from ..decoder.tuple_oracle import Truncate
-from .deltalog import check_vacuumed, commits
+from .deltalog import check_vacuumed, commits, recorded_vacuums
 
 TABLES = ("a", "b", "c")
 INTS = {"id", "a_id", "n", "extra"}
@@ -71,16 +69,7 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     is compacted whenever it holds more than 2 files (50 outside tests), and the target's own
     tables vacuumed then (with no retention; 7 days outside tests)."""
     monkeypatch.setattr(delta, "LEDGER_MAX_FILES", 2)
-    spark.conf.set("spark.databricks.delta.properties.defaults.deletedFileRetentionDuration", "interval 0 seconds")
-    vacuumed: list[tuple[str, float]] = []  # (table, when, in ms as Delta's commit timestamps)
-
-    real = delta.vacuum_files
-
-    def vacuum_files(session, path):
-        vacuumed.append((path, time.time() * 1000))
-        return real(session, path)
-
-    monkeypatch.setattr(delta, "vacuum_files", vacuum_files)  # as `vacuum_tables` calls it
+    vacuumed = recorded_vacuums(monkeypatch, spark)
     messages, oracle = captured
     landing = tmp_path / "landing"
     target = str(tmp_path / "target")

@@ -748,8 +748,10 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
     else:
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
-    compacted = [compact_files(spark, path) for path in (ledger.runs_path, *appended)]
-    if compacted[0]:  # every so many runs: the files the runs' rewrites and compactions left behind
+    runs_compacted = compact_files(spark, ledger.runs_path)
+    for path in appended:
+        compact_files(spark, path)
+    if runs_compacted:  # every so many runs: the files the runs' rewrites and compactions left behind
         vacuum_tables(spark, ledger.own_tables())
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
     ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))

@@ -47,8 +47,11 @@ def restore_spark_conf(spark: SparkSession) -> Iterator[SparkSession]:
     before = dict(spark.conf.getAll)
     yield spark
     for key, value in spark.conf.getAll.items():
-        if not spark.conf.isModifiable(key):  # a setting of the running JVM (its Java options):
-            continue  # recorded by getOrCreate, without effect, and Spark refuses to set it back
+        # A setting of the running JVM (its Java options): recorded by getOrCreate, without effect,
+        # and Spark refuses to set it back. Delta's settings are not in Spark's registry, which
+        # calls them not modifiable too: they are, and are put back.
+        if not spark.conf.isModifiable(key) and not key.startswith("spark.databricks.delta."):
+            continue
         if key not in before:
             spark.conf.unset(key)
         elif before[key] != value:

@@ -111,34 +111,20 @@ def _from_text(text: Column, canonical: str, name: str, seq: Column) -> Column:
         bad.cast("bigint"))
 
 
-def _hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    """``path`` as a Hadoop path, and its file system (any Spark reads)."""
-    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[attr-defined]
-    return hadoop_path, hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
-
-
-def _exists(spark: SparkSession, path: str) -> bool:
-    """Whether ``path`` exists, on any file system Spark reads (Hadoop's)."""
-    hadoop_path, fs = _hadoop(spark, path)
-    return bool(fs.exists(hadoop_path))
-
-
 def _is_delta(spark: SparkSession, path: str) -> bool:
-    return _exists(spark, path.rstrip("/") + "/_delta_log")
+    from .spark.files import child, exists
+
+    return exists(spark, child(path, "_delta_log"))
 
 
 def _landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
     """The ``_pgoutput_capture.json`` that `pgoutput-spark capture` wrote in `path`, if any."""
     from .slot.landing import LANDING_INFO_FILE
+    from .spark.files import child, read_text
 
-    hadoop_path, fs = _hadoop(spark, path.rstrip("/") + "/" + LANDING_INFO_FILE)
-    if not fs.exists(hadoop_path):
+    text = read_text(spark, child(path, LANDING_INFO_FILE))
+    if text is None:
         return None
-    stream = fs.open(hadoop_path)
-    try:
-        text = spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")  # type: ignore[attr-defined]
-    finally:
-        stream.close()
     try:
         info = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -205,7 +191,9 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
     A landing of ``pgoutput-spark capture`` (folder or Delta table) has its
     recorded session settings checked first (`check_landing`).
     """
-    if not _exists(spark, path):  # before Spark's reader, which logs a stack trace first
+    from .spark.files import exists
+
+    if not exists(spark, path):  # before Spark's reader, which logs a stack trace first
         raise CaptureError(f"can't read capture {path!r}: it does not exist")
     if format == "auto":
         format = "delta" if _is_delta(spark, path) else "parquet"

@@ -487,14 +487,10 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
     session = spark.newSession()  # the listing's parallelism set for this call alone
     session.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                      str(max(1, spark.sparkContext.defaultParallelism)))
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-    deleted = 0
-    for (name,) in session.sql(f"VACUUM {path_table(path)} DRY RUN").collect():
-        file = jvm.org.apache.hadoop.fs.Path(name)
-        if file.getFileSystem(conf).delete(file, False):
-            deleted += 1
-    return deleted
+    from ..spark.files import delete
+
+    return sum(delete(spark, name, recursive=False)
+               for (name,) in session.sql(f"VACUUM {path_table(path)} DRY RUN").collect())
 
 
 def vacuum_tables(spark: SparkSession, paths: list[str]) -> None:

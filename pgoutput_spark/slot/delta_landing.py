@@ -1,8 +1,10 @@
 """A Delta landing: each chunk is one append to a Delta capture table, exactly once.
 
 The same chunk loop as the Parquet landing (`capture.capture_slot`); the
-chunk's rows are written to a hidden Parquet file in the table's folder and
-appended by Spark in one Delta commit that carries the transaction identifier
+chunk's rows are written to a Parquet file on the driver, uploaded to a hidden
+folder of the table (``_pgoutput_capture_work``, through Hadoop's file systems:
+the table may be a URI, ``s3a://...``, and executors elsewhere) and appended by
+Spark in one Delta commit that carries the transaction identifier
 ``txnAppId`` = ``pgoutput_spark_capture:<slot>``, ``txnVersion`` = the chunk
 number, and in its ``userMetadata`` the chunk record and the landing
 information (slot, options, session settings). The newest such commit says
@@ -12,7 +14,9 @@ where the next run starts; `landing_info` gives the settings to `read_capture`.
 from __future__ import annotations
 
 import json
-import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,13 +64,16 @@ def landing_info(spark: SparkSession, path: str) -> dict[str, Any] | None:
 
 
 class DeltaLanding:
-    """A Delta capture table on the local (or a mounted) file system."""
+    """A Delta capture table at a local path or a URI (any file system Spark writes)."""
 
-    def __init__(self, spark: SparkSession, path: str | os.PathLike[str]) -> None:
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        from ..mirroring.delta import absolute_path
+
         self.spark = spark
-        self.path = Path(path)
+        self.path = absolute_path(str(path)).rstrip("/")
         self._info: dict[str, Any] | None = None
-        self._latest = _latest(spark, str(self.path))
+        self._latest = _latest(spark, self.path)
+        self._local: Path | None = None  # the driver's folder for chunks being written
 
     def info(self) -> dict[str, Any] | None:
         return None if self._latest is None else self._latest["landing"]
@@ -78,27 +85,32 @@ class DeltaLanding:
         recorded = self.info()
         if recorded is not None:
             check_same_landing(recorded, info, f"{self.path}", "table")
+        from ..spark.files import child, delete
+
         self._info = dict(info)
-        work = self.path / _WORK
-        work.mkdir(parents=True, exist_ok=True)
-        for leftover in work.iterdir():
-            leftover.unlink()
+        delete(self.spark, child(self.path, _WORK))  # a killed run's upload
+        if self._local is None:
+            self._local = Path(tempfile.mkdtemp(prefix="pgoutput-capture-"))
+            weakref.finalize(self, shutil.rmtree, self._local, ignore_errors=True)
 
     def new_chunk(self, chunk: int, *, compression: str = "zstd") -> ChunkFile:
-        return ChunkFile(self.path / _WORK, chunk, compression=compression, publish=self._publish)
+        assert self._local is not None, "open() first"
+        return ChunkFile(self._local, chunk, compression=compression, publish=self._publish)
 
     def _publish(self, source: Path, record: ChunkRecord) -> str:
+        from ..spark.files import child, delete, upload
+
         assert self._info is not None, "open() first"
         metadata = json.dumps({_KEY: {"chunk": json.loads(record.as_json()), "landing": self._info}},
                               sort_keys=True)
         slot = self._info.get("slot")
-        visible = source.with_name(f"chunk-{record.chunk:08d}.parquet")  # Spark skips names with _
-        os.replace(source, visible)
+        staged = child(self.path, _WORK, f"chunk-{record.chunk:08d}.parquet")  # Spark skips names with _
+        upload(self.spark, source, staged)
         try:
-            (self.spark.read.parquet(str(visible)).write.format("delta").mode("append")
+            (self.spark.read.parquet(staged).write.format("delta").mode("append")
              .option("txnAppId", f"{_KEY}:{slot}").option("txnVersion", record.chunk)
-             .option("userMetadata", metadata).save(str(self.path)))
+             .option("userMetadata", metadata).save(self.path))
         finally:
-            visible.unlink(missing_ok=True)
+            delete(self.spark, staged, recursive=False)
         self._latest = {"chunk": json.loads(record.as_json()), "landing": self._info}
-        return str(self.path)
+        return self.path

@@ -9,9 +9,11 @@ before the slot's consistent point, and the slot sends exactly the ones after.
 Each published table is copied with ``COPY (SELECT <published columns> FROM
 ... WHERE <row filter>) TO STDOUT (FORMAT csv)``, streamed to a file, parsed by
 Arrow in batches, converted by the same code as the changes, written as
-Parquet next to the target and appended to the table's new Delta mirror with
-the apply job's transaction identifier and the consistent point as its version.
-Memory stays at one batch whatever the table's size.
+Parquet on the driver, uploaded beside the mirrors (``_pgoutput/snapshot``;
+the target may be a URI: executors read it there) and appended to the
+table's new Delta mirror with the apply job's transaction identifier and the
+consistent point as its version. Memory stays at one batch whatever the
+table's size; the driver's disk holds the table's text and its rows.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -367,12 +370,15 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
 
     `partial` hears of every `batch_bytes` of text received and every block converted.
     """
-    from ..mirroring.delta import METADATA_KEY, TableSpec, append
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    work = Path(target) / "_pgoutput" / "snapshot" / str(table.oid)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    from ..mirroring.delta import METADATA_KEY, TableSpec, absolute_path, append
+    from ..spark.files import child, delete, upload
+
+    # The text and its rows on the driver; the rows then uploaded beside the mirrors (a path
+    # or URI, executors elsewhere) for Spark to read.
+    work = Path(tempfile.mkdtemp(prefix="pgoutput-snapshot-"))
+    staged = child(absolute_path(target), "_pgoutput", "snapshot", str(table.oid))
     try:
         text = work / "copy.csv"
         size = copy_to_file(reader, table, text, every=batch_bytes,
@@ -388,7 +394,9 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
                     rows += batch.num_rows
                     partial("converting", rows, size)
         os.remove(text)
-        frame = spark.read.schema(from_arrow_schema(schema, prefer_timestamp_ntz=True)).parquet(str(work))
+        delete(spark, staged)  # a killed run's
+        upload(spark, work / "rows.parquet", child(staged, "rows.parquet"))
+        frame = spark.read.schema(from_arrow_schema(schema, prefer_timestamp_ntz=True)).parquet(staged)
         # The mirror holds every transaction that committed before `point` (a commit record can
         # start at `point`): it is applied up to point - 1, the version the apply's MERGE must pass.
         version = int(point) - 1
@@ -402,6 +410,7 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
         else:
             spec = TableSpec("multiset", (), tuple(name for name, _ in plan.columns))
             append(plan.path, frame, spec, app_id=app_id, version=version, metadata=metadata)
+        delete(spark, staged)
         return rows, size
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -16,6 +18,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     # The local file system's classes (`spark.localfs`) compiled afresh for each test run, not
     # taken from the user's cache; the jobs the tests start as processes find them here too.
     os.environ["PGOUTPUT_SPARK_CACHE"] = str(tmp_path_factory.mktemp("pgoutput-spark-cache"))
+    lake = _LAKE_ROOT[LAKE] = tmp_path_factory.mktemp("lake")
     session = build_spark_session(
         app_name="pgoutput-spark-tests",
         master="local[2]",
@@ -34,10 +37,43 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
             "spark.databricks.delta.snapshotPartitions": "1",
             # Small Arrow batches so tests cross batch boundaries.
             "spark.sql.execution.arrow.maxRecordsPerBatch": "64",
+            # A file system that is not `file:` (see `lake`): Hadoop's view file system, its
+            # mount table's one link a local folder.
+            f"spark.hadoop.fs.viewfs.mounttable.{LAKE}.link./lake": lake.as_uri(),
         },
     )
     yield session
     session.stop()
+
+
+LAKE = "pgoutput-tests"
+_LAKE_ROOT: dict[str, Path] = {}
+
+
+def local_path(path: str | Path) -> Path:
+    """The local folder behind a `lake` URI (a local path as it is)."""
+    prefix = f"viewfs://{LAKE}/lake"
+    text = str(path)
+    return _LAKE_ROOT[LAKE] / text[len(prefix):].lstrip("/") if text.startswith(prefix) else Path(path)
+
+
+@dataclass(frozen=True)
+class Lake:
+    """A folder of the `lake` fixture: ``uri`` as Spark and the package see it, ``local`` for checks."""
+
+    uri: str
+    local: Path
+
+
+@pytest.fixture
+def lake(spark: SparkSession, request: pytest.FixtureRequest) -> Lake:
+    """A new folder behind a ``viewfs://`` URI: paths the package must reach through Spark
+    (Hadoop's file systems), never as local paths, as with object storage."""
+    name = request.node.name.translate({ord(c): "_" for c in "[]/ "})[:60]
+    uri = f"viewfs://{LAKE}/lake/{name}"
+    local = local_path(uri)
+    local.mkdir()
+    return Lake(uri, local)
 
 
 @pytest.fixture

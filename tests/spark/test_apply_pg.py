@@ -42,6 +42,7 @@ from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
+from ..plugins.spark import local_path
 from .apply_workload import PUBLICATIONS, Driver, Dropped, TableSnap, Workload, drive, setup
 from .deltalog import check_vacuumed, commits, recorded_vacuums
 
@@ -187,10 +188,11 @@ class Mirrors:
 
     def paths(self) -> set[str]:
         found = set()
-        for schema_dir in Path(self.target).iterdir():
+        for schema_dir in local_path(self.target).iterdir():  # a `lake` URI's folder
             if schema_dir.name in ("_pgoutput", "_runs") or not schema_dir.is_dir():
                 continue
-            found |= {str(t) for t in schema_dir.iterdir() if (t / "_delta_log").is_dir()}
+            found |= {f"{self.target.rstrip('/')}/{schema_dir.name}/{t.name}"
+                      for t in schema_dir.iterdir() if (t / "_delta_log").is_dir()}
         return found
 
     def read(self, path: str) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -1,4 +1,8 @@
-"""`capture_slot` into a Delta table: one append per chunk, exactly once across a crash."""
+"""`capture_slot` into a Delta table: one append per chunk, exactly once across a crash.
+
+The landing and the mirrors are behind a ``viewfs://`` URI (the `lake` fixture), as
+with object storage: nothing may reach them as local paths.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +19,18 @@ from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
 
+from ..plugins.spark import Lake
 from ..slot.test_capture_pg import PUB, _assert_each_transaction_once, _landed, _setup, _streamed_workload
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
 
 def test_a_delta_landing_survives_a_crash_between_commit_and_advance(
-        spark: Any, pg15: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: Any, pg15: PgCluster, tmp_path: Path, lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _setup(pg15, slots=("landed", "twin"), two_phase=True)
     _streamed_workload(pg15, db, two_phase=True)
     options = {"proto_version": 3, "streaming": "on", "two_phase": True}
-    delta, parquet = str(tmp_path / "delta"), tmp_path / "parquet"
+    delta, parquet, target = f"{lake.uri}/delta", tmp_path / "parquet", f"{lake.uri}/target"
     advance, calls = source.SlotSource.advance, []
 
     def crash_at_the_second_advance(self: source.SlotSource, lsn: Any) -> None:
@@ -52,8 +57,8 @@ def test_a_delta_landing_survives_a_crash_between_commit_and_advance(
     appends = spark.sql(f"DESCRIBE HISTORY delta.`{delta}`").where("operation = 'WRITE'").count()
     assert appends == len(list(parquet.glob("part-*.parquet")))  # one commit per chunk
     # the apply reads the Delta landing; verify finds the mirrors equal to the tables
-    run_apply(spark, read_capture(spark, delta), str(tmp_path / "target"))
-    verified = verify_mirrors(spark, str(tmp_path / "target"), delta, dsn=pg15.conninfo(db))
+    run_apply(spark, read_capture(spark, delta), target)
+    verified = verify_mirrors(spark, target, delta, dsn=pg15.conninfo(db))
     assert [t.state for t in verified.tables] == ["equal", "equal"], verified.render()
     with pytest.raises(CaptureError, match="was landed with options"):
         capture_slot(delta, slot=f"{db}_landed", dsn=pg15.conninfo(db), messages=True,

@@ -1,0 +1,66 @@
+"""Files on any file system the Spark session reaches (Hadoop's: ``file:``, ``s3a:``, ``abfss:``, ...).
+
+The capture, snapshot and apply jobs write their Delta tables through Spark, and
+their few other files (a chunk or a snapshot's rows staged for Spark to read, a
+landing's information file, the files a vacuum deletes) through the same Hadoop
+file systems, with the session's settings (``spark.hadoop.*``, credentials): a
+path is a local path or a URI, never opened as a local file unless it is one.
+A file written on the driver is uploaded (`upload`), so that executors on other
+machines read it from the target's storage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["child", "delete", "exists", "hadoop", "read_text", "upload"]
+
+
+def child(path: str, *names: str) -> str:
+    """``path`` / ``names`` (a local path or a URI: ``pathlib`` would fold a URI's ``//``)."""
+    return "/".join([path.rstrip("/"), *names])
+
+
+def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """``path`` as a Hadoop path, and its file system, configured as the session's reads are."""
+    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[attr-defined]
+    conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
+    return hadoop_path, hadoop_path.getFileSystem(conf)
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    hadoop_path, fs = hadoop(spark, path)
+    return bool(fs.exists(hadoop_path))
+
+
+def read_text(spark: SparkSession, path: str) -> str | None:
+    """The UTF-8 text of the file at ``path``, or None where there is none."""
+    hadoop_path, fs = hadoop(spark, path)
+    if not fs.exists(hadoop_path):
+        return None
+    stream = fs.open(hadoop_path)
+    try:
+        return str(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(  # type: ignore[attr-defined]
+            stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+def upload(spark: SparkSession, local: Path, path: str) -> None:
+    """Copy the local file ``local`` to ``path`` (replacing a file there) and delete ``local``."""
+    source, source_fs = hadoop(spark, local.resolve().as_uri())
+    target, fs = hadoop(spark, path)
+    # FileUtil.copy, not copyFromLocalFile: that one wants `file:` to be Hadoop's LocalFileSystem
+    # (the session's is `localfs`'s).
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    jvm.org.apache.hadoop.fs.FileUtil.copy(source_fs, source, fs, target, True, True, fs.getConf())
+
+
+def delete(spark: SparkSession, path: str, *, recursive: bool = True) -> bool:
+    """Delete ``path`` (with what is under it); False where there was nothing."""
+    hadoop_path, fs = hadoop(spark, path)
+    return bool(fs.delete(hadoop_path, recursive))

@@ -12,6 +12,13 @@ written under a hidden temporary name, flushed to disk and renamed into place:
 the rename is the chunk's commit. Its Parquet footer records the chunk (first
 and last seq, and ``end_lsn``, the LSN the slot is advanced to once the file is
 in place), so the last file alone says where the next run starts.
+
+The folder may be a URI of a file system Arrow reaches (``s3://``, with
+``s3a://`` and ``s3n://`` read as ``s3://``, ``gs://``, ``abfs://``,
+``hdfs://``; credentials and endpoints as Arrow takes them, e.g. ``AWS_*``
+environment variables): a chunk is written on the local disk, uploaded under a
+hidden name, then moved into place (on object storage a server-side copy, whose
+object appears whole or not at all).
 """
 
 from __future__ import annotations
@@ -19,17 +26,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import CaptureError
 
-__all__ = ["CAPTURE_SCHEMA", "LANDING_INFO_FILE", "ChunkRecord", "ParquetLanding"]
+__all__ = ["CAPTURE_SCHEMA", "LANDING_INFO_FILE", "ChunkRecord", "ParquetLanding", "arrow_filesystem"]
 
 CAPTURE_SCHEMA = pa.schema(
     [
@@ -141,37 +153,91 @@ class ChunkFile:
             leftover.unlink()
 
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
+    """Arrow's file system and the path in it for a URI other than ``file:``; None for a local path.
+
+    Spark's S3 connector spells S3 ``s3a://`` (and once ``s3n://``): the same buckets are
+    ``s3://`` to Arrow, so the command line takes the URI the apply job reads.
+    """
+    if not _URI.match(path) or path.startswith("file:"):
+        return None
+    try:
+        return pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # libhdfs lists every path tried
+        raise CaptureError(f"{path}: a Parquet landing there needs a file system Arrow reaches ({reason}); land"
+                           " into a local or mounted folder, or into a Delta table (--landing-format delta: Spark's"
+                           " file systems)") from exc
+
+
+def _local(path: str) -> Path:
+    return Path(unquote(urlparse(path).path)) if path.startswith("file:") else Path(path)
+
+
 class ParquetLanding:
-    """A landing folder on the local file system (or a mounted one)."""
+    """A landing folder: a local (or mounted) path, or a URI Arrow reaches (`arrow_filesystem`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path = str(path)
+        remote = arrow_filesystem(self.path)
+        self._fs: pafs.FileSystem | None = None if remote is None else remote[0]
+        self._root = "" if remote is None else remote[1].rstrip("/")
+        self._dir = _local(self.path) if remote is None else None
+        self._work: Path | None = self._dir  # where chunks are written before they are published
 
-    def part_path(self, chunk: int) -> Path:
-        return self.path / f"part-{chunk:08d}.parquet"
+    def _name(self, name: str) -> str:
+        """``name`` in the landing, as the file system in use spells it."""
+        return str(self._dir / name) if self._dir is not None else f"{self._root}/{name}"
 
-    def _parts(self) -> Iterator[tuple[int, Path]]:
-        if not self.path.is_dir():
-            return
-        for entry in sorted(self.path.iterdir()):
-            match = _PART.match(entry.name)
+    def _uri(self, name: str) -> str:
+        """``name`` in the landing, as the user spelled the landing."""
+        return str(self._dir / name) if self._dir is not None else f"{self.path.rstrip('/')}/{name}"
+
+    def part_path(self, chunk: int) -> str:
+        return self._uri(f"part-{chunk:08d}.parquet")
+
+    def _names(self) -> list[str]:
+        if self._dir is not None:
+            return sorted(e.name for e in self._dir.iterdir()) if self._dir.is_dir() else []
+        assert self._fs is not None
+        found = self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True))
+        return sorted(f.base_name for f in found if f.type == pafs.FileType.File)
+
+    def _parts(self) -> Iterator[tuple[int, str]]:
+        for name in self._names():
+            match = _PART.match(name)
             if match:
-                yield int(match.group(1)), entry
+                yield int(match.group(1)), name
+
+    def _read_text(self, name: str) -> str | None:
+        if self._dir is not None:
+            try:
+                return (self._dir / name).read_text()
+            except FileNotFoundError:
+                return None
+        assert self._fs is not None
+        if self._fs.get_file_info(self._name(name)).type == pafs.FileType.NotFound:
+            return None
+        with self._fs.open_input_stream(self._name(name)) as stream:
+            return bytes(stream.read()).decode()
 
     # -- what was landed --------------------------------------------------------------
 
     def info(self) -> dict[str, Any] | None:
         """The recorded landing information, or None for a new landing."""
-        try:
-            text = (self.path / LANDING_INFO_FILE).read_text()
-        except FileNotFoundError:
+        text = self._read_text(LANDING_INFO_FILE)
+        if text is None:
             return None
+        where = self._uri(LANDING_INFO_FILE)
         try:
             info = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CaptureError(f"{self.path / LANDING_INFO_FILE} is not valid JSON: {exc}") from exc
+            raise CaptureError(f"{where} is not valid JSON: {exc}") from exc
         if not isinstance(info, dict):
-            raise CaptureError(f"{self.path / LANDING_INFO_FILE} does not hold a JSON object")
+            raise CaptureError(f"{where} does not hold a JSON object")
         return info
 
     def last_chunk(self) -> ChunkRecord | None:
@@ -179,47 +245,74 @@ class ParquetLanding:
         parts = list(self._parts())
         if not parts:
             return None
-        chunk, path = parts[-1]
+        chunk, name = parts[-1]
         if chunk != len(parts) - 1:
             raise CaptureError(f"{self.path}: chunk files are not numbered 0..{len(parts) - 1}"
-                               f" (the last is {path.name}): the landing was edited by hand")
-        metadata = pq.read_metadata(path).metadata or {}
+                               f" (the last is {name}): the landing was edited by hand")
+        metadata = pq.read_metadata(self._name(name), filesystem=self._fs).metadata or {}
+        where = self._uri(name)
         try:
             record = ChunkRecord(**json.loads(metadata[_CHUNK_KEY]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CaptureError(f"{path} has no readable chunk record in its footer"
+            raise CaptureError(f"{where} has no readable chunk record in its footer"
                                f" ({_CHUNK_KEY.decode()}): not written by pgoutput-spark capture") from exc
         if record.chunk != chunk:
-            raise CaptureError(f"{path} records chunk {record.chunk}: the landing was edited by hand")
+            raise CaptureError(f"{where} records chunk {record.chunk}: the landing was edited by hand")
         return record
 
     # -- landing ------------------------------------------------------------------------
 
     def open(self, info: Mapping[str, Any]) -> None:
         """Create the landing (or check it was landed with the same `info`); remove half-written files."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self._fs is not None:
+            self._fs.create_dir(self._root, recursive=True)
+            if self._work is None:
+                self._work = Path(tempfile.mkdtemp(prefix="pgoutput-capture-"))
+                weakref.finalize(self, shutil.rmtree, self._work, ignore_errors=True)
+        else:
+            assert self._dir is not None
+            self._dir.mkdir(parents=True, exist_ok=True)
         recorded = self.info()
         if recorded is None:
             if any(True for _ in self._parts()):
                 raise CaptureError(f"{self.path} holds capture files but no {LANDING_INFO_FILE}:"
                                    " land into a new folder")
-            temp = self.path / f"{_TEMP_PREFIX}info-{os.getpid()}.json"
-            temp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-            os.replace(temp, self.path / LANDING_INFO_FILE)
-            _fsync_dir(self.path)
+            text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+            temp = f"{_TEMP_PREFIX}info-{os.getpid()}.json"
+            if self._dir is not None:
+                (self._dir / temp).write_text(text)
+                os.replace(self._dir / temp, self._dir / LANDING_INFO_FILE)
+                _fsync_dir(self._dir)
+            else:
+                assert self._fs is not None
+                with self._fs.open_output_stream(self._name(temp)) as out:
+                    out.write(text.encode())
+                self._fs.move(self._name(temp), self._name(LANDING_INFO_FILE))
         else:
             check_same_landing(recorded, info, f"{self.path}", "folder")
-        for leftover in self.path.glob(f"{_TEMP_PREFIX}*"):
-            leftover.unlink()
+        for name in self._names():
+            if name.startswith(_TEMP_PREFIX):
+                if self._dir is not None:
+                    (self._dir / name).unlink()
+                else:
+                    assert self._fs is not None
+                    self._fs.delete_file(self._name(name))
 
     def new_chunk(self, chunk: int, *, compression: str = "zstd") -> ChunkFile:
-        return ChunkFile(self.path, chunk, compression=compression, publish=self._publish)
+        assert self._work is not None, "open() first"
+        return ChunkFile(self._work, chunk, compression=compression, publish=self._publish)
 
     def _publish(self, source: Path, record: ChunkRecord) -> str:
-        with open(source, "rb") as handle:
-            os.fsync(handle.fileno())
-        target = self.part_path(record.chunk)
-        os.replace(source, target)
-        _fsync_dir(self.path)
-        return str(target)
-
+        target = f"part-{record.chunk:08d}.parquet"
+        if self._dir is not None:
+            with open(source, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(source, self._dir / target)
+            _fsync_dir(self._dir)
+        else:
+            assert self._fs is not None
+            upload = self._name(f"{_TEMP_PREFIX}{record.chunk:08d}-{os.getpid()}.parquet")
+            pafs.copy_files(str(source), upload, source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=self._fs)
+            self._fs.move(upload, self._name(target))
+        return self.part_path(record.chunk)

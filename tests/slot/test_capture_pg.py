@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -30,6 +31,7 @@ from pgoutput_spark.slot.settings import SESSION_SETTINGS
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
+from ..plugins.s3 import Bucket
 
 pytestmark = pytest.mark.postgres
 
@@ -91,8 +93,16 @@ def _streamed_workload(pg: PgCluster, db: str, *, two_phase: bool) -> None:
     pg.execute("INSERT INTO t VALUES (3000, 'last')", dbname=db)
 
 
-def _landed(path: Path) -> pa.Table:
-    table = pa.concat_tables(pq.read_table(part) for part in sorted(path.glob("part-*.parquet")))
+def _parts(where: Path | Bucket) -> list[tuple[str, Any]]:
+    """A landing's chunk files in order, each with the Arrow file system to read it with."""
+    if isinstance(where, Path):
+        return [(str(part), None) for part in sorted(where.glob("part-*.parquet"))]
+    found = where.fs.get_file_info(pafs.FileSelector(where.root))
+    return [(f.path, where.fs) for f in sorted(found, key=lambda f: f.path) if f.base_name.startswith("part-")]
+
+
+def _landed(where: Path | Bucket) -> pa.Table:
+    table = pa.concat_tables(pq.read_table(part, filesystem=fs) for part, fs in _parts(where))
     return table.replace_schema_metadata(None).combine_chunks()
 
 
@@ -134,12 +144,12 @@ def _slot_lsn(pg: PgCluster, db: str, slot: str, column: str = "confirmed_flush_
     return int(rows[0][0])
 
 
-def _chunk_ends(path: Path) -> list[tuple[bytes, int]]:
+def _chunk_ends(where: Path | Bucket) -> list[tuple[bytes, int]]:
     """(last message type, footer end_lsn) of every chunk file, in order."""
     out = []
-    for part in sorted(path.glob("part-*.parquet")):
-        table = pq.read_table(part)
-        record = pq.read_metadata(part).metadata[b"pgoutput_spark.chunk"]
+    for part, fs in _parts(where):
+        table = pq.read_table(part, filesystem=fs)
+        record = pq.read_metadata(part, filesystem=fs).metadata[b"pgoutput_spark.chunk"]
         import json
         out.append((table.column("data")[-1].as_py()[:1], json.loads(record)["end_lsn"]))
     return out
@@ -149,36 +159,40 @@ def _chunk_ends(path: Path) -> list[tuple[bytes, int]]:
 
 
 def test_chunked_landing_is_the_slot_stream_and_seq_continues_across_runs(
-        pg15: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        pg15: PgCluster, s3: Bucket, capsys: pytest.CaptureFixture[str]) -> None:
+    """Landed in an S3 bucket (moto's server), named as Spark's connector names it (``s3a://``)."""
     db = _setup(pg15, slots=("landed", "twin"))
-    landing = tmp_path / "landing"
+    landing = s3.uri
     _plain_workload(pg15, db, 0)
-    args = ["capture", "--landing", str(landing), "--slot", f"{db}_landed", "--publication", PUB,
+    args = ["capture", "--landing", landing, "--slot", f"{db}_landed", "--publication", PUB,
             "--dsn", pg15.conninfo(db), "--proto-version", "1", "--messages", "--binary", "--chunk-size", "7"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "chunk 0: " in out and "MB behind the server" in out and "caught up with the server" in out
     assert "MB of WAL decoded before the chunk" in out
-    first_run = _landed(landing).num_rows
+    assert f"into {landing}" in out
+    first_run = _landed(s3).num_rows
     _plain_workload(pg15, db, 100)
-    result = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=7)
+    result = capture_slot(landing, slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=7)
     assert result.caught_up and result.chunks[0].first_seq == first_run
 
     # Each chunk is a new decoding session, and pgoutput sends a table's Relation message
     # again before its first change in a session (as to a subscriber that reconnects).
     # Everything else is the twin slot's stream, message for message.
-    landed, expected = _landed(landing), _peeked(pg15, db, f"{db}_twin", proto_version=1, messages=True,
-                                                binary=True)
+    landed, expected = _landed(s3), _peeked(pg15, db, f"{db}_twin", proto_version=1, messages=True,
+                                           binary=True)
     assert landed.column("seq").to_pylist() == list(range(landed.num_rows))
     assert _without_relations(landed) == _without_relations(expected)
     assert _relations(landed) == _relations(expected)
     assert landed.num_rows > expected.num_rows  # the Relation messages sent again
-    ends = _chunk_ends(landing)
+    ends = _chunk_ends(s3)
     assert len(ends) > 10
     assert all(kind == b"C" for kind, _ in ends)  # every chunk ends with a Commit
     assert _slot_lsn(pg15, db, f"{db}_landed") == ends[-1][1]
-    again = capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db))
+    again = capture_slot(landing, slot=f"{db}_landed", dsn=pg15.conninfo(db))
     assert again.messages == 0 and again.caught_up
+    names = [f.base_name for f in s3.fs.get_file_info(pafs.FileSelector(s3.root))]
+    assert not [n for n in names if n.startswith("_") and n != LANDING_INFO_FILE]  # no upload left behind
 
 
 def test_stop_after_some_messages_or_at_an_lsn(pg15: PgCluster, tmp_path: Path) -> None:

@@ -1,10 +1,16 @@
-"""The Parquet landing: chunk files, their footer records, and what a new run finds (no server)."""
+"""The Parquet landing: chunk files, their footer records, and what a new run finds (no PostgreSQL).
+
+Each test runs on a local folder and on an S3 bucket (moto's server, `tests/plugins/s3.py`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,50 +28,100 @@ def _rows(first: int, n: int) -> pa.RecordBatch:
                            schema=CAPTURE_SCHEMA)
 
 
-def test_a_chunk_keeps_the_rows_up_to_its_boundary_and_records_itself(tmp_path: Path) -> None:
-    landing = ParquetLanding(tmp_path)
+@dataclass(frozen=True)
+class Folder:
+    """Where a test lands: ``path`` for `ParquetLanding`, ``fs`` and ``root`` to look inside."""
+
+    path: str
+    fs: Any
+    root: str
+
+    def sub(self, name: str) -> Folder:
+        return Folder(f"{self.path}/{name}", self.fs, f"{self.root}/{name}")
+
+    def names(self) -> list[str]:
+        found = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        return sorted(f.base_name for f in found if f.type == pafs.FileType.File)
+
+    def write(self, name: str, data: bytes) -> None:
+        with self.fs.open_output_stream(f"{self.root}/{name}") as out:
+            out.write(data)
+
+    def move(self, name: str, to: str) -> None:
+        self.fs.move(f"{self.root}/{name}", f"{self.root}/{to}")
+
+
+@pytest.fixture(params=["local", "s3"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Folder:
+    if request.param == "local":
+        return Folder(str(tmp_path), pafs.LocalFileSystem(), str(tmp_path))
+    s3 = request.getfixturevalue("s3")
+    return Folder(s3.uri, s3.fs, s3.root)
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_chunk_keeps_the_rows_up_to_its_boundary_and_records_itself(folder: Folder) -> None:
+    landing = ParquetLanding(folder.path)
     landing.open(INFO)
     assert landing.last_chunk() is None
     chunk = landing.new_chunk(0)
     for first in (0, 4, 8):
         chunk.write(_rows(first, 4))
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("part-")] == []  # not yet visible
+    assert [n for n in folder.names() if n.startswith("part-")] == []  # not yet visible
     record = ChunkRecord(chunk=0, first_seq=0, last_seq=9, end_lsn=109, bytes=20)
     path = chunk.commit(record)
-    assert pq.read_table(path).column("seq").to_pylist() == list(range(10))
+    assert path == f"{folder.path}/part-00000000.parquet"
+    table = pq.read_table(f"{folder.root}/part-00000000.parquet", filesystem=folder.fs)
+    assert table.column("seq").to_pylist() == list(range(10))
     assert landing.last_chunk() == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LANDING_INFO_FILE, "part-00000000.parquet"]
+    assert folder.names() == [LANDING_INFO_FILE, "part-00000000.parquet"]
 
     whole = landing.new_chunk(1)
     whole.write(_rows(10, 3))
     whole.commit(ChunkRecord(chunk=1, first_seq=10, last_seq=12, end_lsn=112, bytes=9))
-    assert landing.last_chunk().last_seq == 12  # type: ignore[union-attr]
+    assert ParquetLanding(folder.path).last_chunk().last_seq == 12  # type: ignore[union-attr]
 
 
-def test_a_discarded_or_crashed_chunk_leaves_nothing_visible(tmp_path: Path) -> None:
-    landing = ParquetLanding(tmp_path)
+def test_a_discarded_or_crashed_chunk_leaves_nothing_visible(folder: Folder) -> None:
+    landing = ParquetLanding(folder.path)
     landing.open(INFO)
     chunk = landing.new_chunk(0)
     chunk.write(_rows(0, 4))
     chunk.discard()
     crashed = landing.new_chunk(0)
-    crashed.write(_rows(0, 4))  # a crash now leaves a hidden temporary file
-    assert [p.name.startswith("_") for p in tmp_path.iterdir()] == [True, True]
-    ParquetLanding(tmp_path).open(INFO)  # the next run removes it
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LANDING_INFO_FILE]
+    crashed.write(_rows(0, 4))  # a crash now leaves a hidden temporary file (a local landing's)
+    folder.write("_writing-00000000-1.parquet", b"an upload a crash cut short")
+    assert all(n.startswith("_") for n in folder.names()) and len(folder.names()) == 3 - (folder.path[:3] == "s3a")
+    ParquetLanding(folder.path).open(INFO)  # the next run removes it
+    assert folder.names() == [LANDING_INFO_FILE]
 
 
-def test_a_landing_keeps_its_options_and_refuses_foreign_files(tmp_path: Path) -> None:
-    ParquetLanding(tmp_path / "a").open(INFO)
+def test_a_landing_keeps_its_options_and_refuses_foreign_files(folder: Folder) -> None:
+    ParquetLanding(folder.sub("a").path).open(INFO)
     with pytest.raises(CaptureError, match=r"was landed with options = \{'proto_version': 1\}, this run"):
-        ParquetLanding(tmp_path / "a").open({**INFO, "options": {"proto_version": 2}})
-    (tmp_path / "b").mkdir()
-    pq.write_table(pa.Table.from_batches([_rows(0, 2)]), tmp_path / "b" / "part-00000000.parquet")
+        ParquetLanding(folder.sub("a").path).open({**INFO, "options": {"proto_version": 2}})
+    b = folder.sub("b")
+    folder.fs.create_dir(b.root)
+    b.write("part-00000000.parquet", _table_bytes(pa.Table.from_batches([_rows(0, 2)])))
     with pytest.raises(CaptureError, match="holds capture files but no _pgoutput_capture.json"):
-        ParquetLanding(tmp_path / "b").open(INFO)
-    (tmp_path / "b" / LANDING_INFO_FILE).write_text("{}")
+        ParquetLanding(b.path).open(INFO)
+    b.write(LANDING_INFO_FILE, b"{}")
     with pytest.raises(CaptureError, match="no readable chunk record in its footer"):
-        ParquetLanding(tmp_path / "b").last_chunk()
-    (tmp_path / "b" / "part-00000000.parquet").rename(tmp_path / "b" / "part-00000003.parquet")
+        ParquetLanding(b.path).last_chunk()
+    b.move("part-00000000.parquet", "part-00000003.parquet")
     with pytest.raises(CaptureError, match="not numbered 0..0"):
-        ParquetLanding(tmp_path / "b").last_chunk()
+        ParquetLanding(b.path).last_chunk()
+    b.write(LANDING_INFO_FILE, b"[not json")
+    with pytest.raises(CaptureError, match=f"{b.path}/{LANDING_INFO_FILE} is not valid JSON"):
+        ParquetLanding(b.path).info()
+
+
+def test_a_uri_arrow_cannot_reach_is_named_with_the_remedy() -> None:
+    with pytest.raises(CaptureError, match=r"gopher://x/landing: a Parquet landing there needs a file system"
+                                           r" Arrow reaches \(.*\); land .*--landing-format delta"):
+        ParquetLanding("gopher://x/landing")

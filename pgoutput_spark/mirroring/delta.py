@@ -484,13 +484,17 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
     on 2 cores for a small table): here, in a session of its own, as many as Spark's default
     parallelism (about 1.2 s a table on 2 cores).
     """
+    from ..spark.files import hadoop
+
     session = spark.newSession()  # the listing's parallelism set for this call alone
     session.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                      str(max(1, spark.sparkContext.defaultParallelism)))
-    from ..spark.files import delete
-
-    return sum(delete(spark, name, recursive=False)
-               for (name,) in session.sql(f"VACUUM {path_table(path)} DRY RUN").collect())
+    names = [name for (name,) in session.sql(f"VACUUM {path_table(path)} DRY RUN").collect()]
+    if not names:
+        return 0
+    _, fs = hadoop(spark, path)  # the table's files are on its file system
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    return sum(bool(fs.delete(jvm.org.apache.hadoop.fs.Path(name), False)) for name in names)
 
 
 def vacuum_tables(spark: SparkSession, paths: list[str]) -> None:

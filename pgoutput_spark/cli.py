@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     for hidden in ("--capture", "--format", "--on-error", "--quarantine"):
         verify.add_argument(hidden, help=argparse.SUPPRESS)
     capture = sub.add_parser("capture", help="land a replication slot's messages as capture files")
-    capture.add_argument("--landing", required=True, help="Parquet folder (or Delta table) the capture goes to")
+    capture.add_argument("--landing", required=True,
+                         help="Parquet folder (a path, or a URI: s3://, s3a://, gs://, abfs://, hdfs://)"
+                              " or Delta table the capture goes to")
     capture.add_argument("--landing-format", choices=["parquet", "delta"], default="parquet",
                          help="parquet: a folder of chunk files; delta: one append per chunk (starts Spark)")
     capture.add_argument("--config", help="configuration file (Spark settings for a Delta landing)")

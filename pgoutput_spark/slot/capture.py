@@ -211,8 +211,9 @@ def capture_slot(
 ) -> CaptureResult:
     """Land the slot's pending messages into `landing`; return what was landed.
 
-    `landing` is a Parquet folder, or with ``format="delta"`` a Delta table
-    that each chunk appends to (through `spark`).
+    `landing` is a Parquet folder (a local path, or a URI Arrow's file systems reach:
+    `landing.arrow_filesystem`), or with ``format="delta"`` a Delta table that each chunk
+    appends to (through `spark`, at any path or URI it writes).
 
     Options left as None continue the landing's recorded ones (a new landing:
     the highest protocol version the server speaks, everything else off);

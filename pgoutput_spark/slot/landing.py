@@ -178,19 +178,24 @@ def _local(path: str) -> Path:
 
 
 class ParquetLanding:
-    """A landing folder: a local (or mounted) path, or a URI Arrow reaches (`arrow_filesystem`)."""
+    """A landing folder: a local (or mounted) path, or a URI Arrow reaches (`arrow_filesystem`).
+
+    Read through Arrow's file system either way; written locally with a flush and a rename
+    into place, elsewhere by an upload and a move (see the module doc).
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
         remote = arrow_filesystem(self.path)
-        self._fs: pafs.FileSystem | None = None if remote is None else remote[0]
-        self._root = "" if remote is None else remote[1].rstrip("/")
-        self._dir = _local(self.path) if remote is None else None
+        #: the local folder, None for a URI
+        self._dir = _local(self.path).absolute() if remote is None else None
+        self._fs, root = (pafs.LocalFileSystem(), str(self._dir)) if remote is None else remote
+        self._root = root.rstrip("/")
         self._work: Path | None = self._dir  # where chunks are written before they are published
 
     def _name(self, name: str) -> str:
-        """``name`` in the landing, as the file system in use spells it."""
-        return str(self._dir / name) if self._dir is not None else f"{self._root}/{name}"
+        """``name`` in the landing, as the file system spells it."""
+        return f"{self._root}/{name}"
 
     def _uri(self, name: str) -> str:
         """``name`` in the landing, as the user spelled the landing."""
@@ -200,9 +205,6 @@ class ParquetLanding:
         return self._uri(f"part-{chunk:08d}.parquet")
 
     def _names(self) -> list[str]:
-        if self._dir is not None:
-            return sorted(e.name for e in self._dir.iterdir()) if self._dir.is_dir() else []
-        assert self._fs is not None
         found = self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True))
         return sorted(f.base_name for f in found if f.type == pafs.FileType.File)
 
@@ -212,32 +214,21 @@ class ParquetLanding:
             if match:
                 yield int(match.group(1)), name
 
-    def _read_text(self, name: str) -> str | None:
-        if self._dir is not None:
-            try:
-                return (self._dir / name).read_text()
-            except FileNotFoundError:
-                return None
-        assert self._fs is not None
-        if self._fs.get_file_info(self._name(name)).type == pafs.FileType.NotFound:
-            return None
-        with self._fs.open_input_stream(self._name(name)) as stream:
-            return bytes(stream.read()).decode()
-
     # -- what was landed --------------------------------------------------------------
 
     def info(self) -> dict[str, Any] | None:
         """The recorded landing information, or None for a new landing."""
-        text = self._read_text(LANDING_INFO_FILE)
-        if text is None:
+        where = self._name(LANDING_INFO_FILE)
+        if self._fs.get_file_info(where).type == pafs.FileType.NotFound:
             return None
-        where = self._uri(LANDING_INFO_FILE)
+        with self._fs.open_input_stream(where) as stream:
+            text = bytes(stream.read()).decode()
         try:
             info = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CaptureError(f"{where} is not valid JSON: {exc}") from exc
+            raise CaptureError(f"{self._uri(LANDING_INFO_FILE)} is not valid JSON: {exc}") from exc
         if not isinstance(info, dict):
-            raise CaptureError(f"{where} does not hold a JSON object")
+            raise CaptureError(f"{self._uri(LANDING_INFO_FILE)} does not hold a JSON object")
         return info
 
     def last_chunk(self) -> ChunkRecord | None:
@@ -264,55 +255,41 @@ class ParquetLanding:
 
     def open(self, info: Mapping[str, Any]) -> None:
         """Create the landing (or check it was landed with the same `info`); remove half-written files."""
-        if self._fs is not None:
-            self._fs.create_dir(self._root, recursive=True)
-            if self._work is None:
-                self._work = Path(tempfile.mkdtemp(prefix="pgoutput-capture-"))
-                weakref.finalize(self, shutil.rmtree, self._work, ignore_errors=True)
-        else:
-            assert self._dir is not None
-            self._dir.mkdir(parents=True, exist_ok=True)
+        self._fs.create_dir(self._root, recursive=True)
+        if self._work is None:
+            self._work = Path(tempfile.mkdtemp(prefix="pgoutput-capture-"))
+            weakref.finalize(self, shutil.rmtree, self._work, ignore_errors=True)
         recorded = self.info()
         if recorded is None:
             if any(True for _ in self._parts()):
                 raise CaptureError(f"{self.path} holds capture files but no {LANDING_INFO_FILE}:"
                                    " land into a new folder")
-            text = json.dumps(info, indent=2, sort_keys=True) + "\n"
-            temp = f"{_TEMP_PREFIX}info-{os.getpid()}.json"
+            temp = self._name(f"{_TEMP_PREFIX}info-{os.getpid()}.json")
+            with self._fs.open_output_stream(temp) as out:
+                out.write((json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
+            self._fs.move(temp, self._name(LANDING_INFO_FILE))
             if self._dir is not None:
-                (self._dir / temp).write_text(text)
-                os.replace(self._dir / temp, self._dir / LANDING_INFO_FILE)
                 _fsync_dir(self._dir)
-            else:
-                assert self._fs is not None
-                with self._fs.open_output_stream(self._name(temp)) as out:
-                    out.write(text.encode())
-                self._fs.move(self._name(temp), self._name(LANDING_INFO_FILE))
         else:
             check_same_landing(recorded, info, f"{self.path}", "folder")
         for name in self._names():
             if name.startswith(_TEMP_PREFIX):
-                if self._dir is not None:
-                    (self._dir / name).unlink()
-                else:
-                    assert self._fs is not None
-                    self._fs.delete_file(self._name(name))
+                self._fs.delete_file(self._name(name))
 
     def new_chunk(self, chunk: int, *, compression: str = "zstd") -> ChunkFile:
         assert self._work is not None, "open() first"
         return ChunkFile(self._work, chunk, compression=compression, publish=self._publish)
 
     def _publish(self, source: Path, record: ChunkRecord) -> str:
-        target = f"part-{record.chunk:08d}.parquet"
+        target = self._name(f"part-{record.chunk:08d}.parquet")
         if self._dir is not None:
             with open(source, "rb") as handle:
                 os.fsync(handle.fileno())
-            os.replace(source, self._dir / target)
+            os.replace(source, target)
             _fsync_dir(self._dir)
         else:
-            assert self._fs is not None
             upload = self._name(f"{_TEMP_PREFIX}{record.chunk:08d}-{os.getpid()}.parquet")
             pafs.copy_files(str(source), upload, source_filesystem=pafs.LocalFileSystem(),
                             destination_filesystem=self._fs)
-            self._fs.move(upload, self._name(target))
+            self._fs.move(upload, target)
         return self.part_path(record.chunk)

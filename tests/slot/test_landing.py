@@ -94,9 +94,9 @@ def test_a_discarded_or_crashed_chunk_leaves_nothing_visible(folder: Folder) -> 
     chunk.write(_rows(0, 4))
     chunk.discard()
     crashed = landing.new_chunk(0)
-    crashed.write(_rows(0, 4))  # a crash now leaves a hidden temporary file (a local landing's)
+    crashed.write(_rows(0, 4))  # a crash now leaves a hidden file in a local landing (S3: on the driver)
     folder.write("_writing-00000000-1.parquet", b"an upload a crash cut short")
-    assert all(n.startswith("_") for n in folder.names()) and len(folder.names()) == 3 - (folder.path[:3] == "s3a")
+    assert [n for n in folder.names() if not n.startswith("_")] == []
     ParquetLanding(folder.path).open(INFO)  # the next run removes it
     assert folder.names() == [LANDING_INFO_FILE]
 

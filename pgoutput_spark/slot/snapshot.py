@@ -373,11 +373,18 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from ..mirroring.delta import METADATA_KEY, TableSpec, absolute_path, append
-    from ..spark.files import child, delete, upload
+    from ..spark.files import child, delete, local_folder, upload
 
-    # The text and its rows on the driver; the rows then uploaded beside the mirrors (a path
-    # or URI, executors elsewhere) for Spark to read.
-    work = Path(tempfile.mkdtemp(prefix="pgoutput-snapshot-"))
+    # The text and its rows on the driver, beside a local target (its disk has room for
+    # the mirrors), else in the temporary folder; the rows then uploaded beside the mirrors
+    # (executors elsewhere) for Spark to read.
+    local = local_folder(target)
+    if local is not None:
+        work = local / "_pgoutput" / "snapshot-work" / str(table.oid)
+        shutil.rmtree(work, ignore_errors=True)  # a killed run's
+        work.mkdir(parents=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="pgoutput-snapshot-"))
     staged = child(absolute_path(target), "_pgoutput", "snapshot", str(table.oid))
     try:
         text = work / "copy.csv"

@@ -11,18 +11,29 @@ machines read it from the target's storage.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["child", "delete", "exists", "hadoop", "read_text", "upload"]
+__all__ = ["child", "delete", "exists", "hadoop", "local_folder", "read_text", "upload"]
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def child(path: str, *names: str) -> str:
     """``path`` / ``names`` (a local path or a URI: ``pathlib`` would fold a URI's ``//``)."""
     return "/".join([path.rstrip("/"), *names])
+
+
+def local_folder(path: str) -> Path | None:
+    """The local folder ``path`` names (a path, or a ``file:`` URI); None for other URIs."""
+    if path.startswith("file:"):
+        return Path(unquote(urlparse(path).path))
+    return None if _URI.match(path) else Path(path).absolute()
 
 
 def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:

@@ -69,6 +69,12 @@ def test_snapshot_then_capture_then_apply_equals_the_source(
     result = snapshot_tables(spark, target, slot=slot, publications=PUBLICATIONS, dsn=pg15.conninfo(db),
                              progress=traffic_while_copying, batch_bytes=1 << 20)
     assert len(result.tables) == len(copied) > 10 and sum(t.rows for t in copied) > 100_000
+    # Each table's rows went through the driver's temporary folder and were staged beside the
+    # mirrors; nothing of either is left (nothing was written under the URI as a local path).
+    own = lake.local / "target" / "_pgoutput"
+    named = sorted(p.name for p in own.iterdir() if p.name.startswith("snapshot"))
+    assert named in (["snapshots"], ["snapshot", "snapshots"]), named
+    assert not (own / "snapshot").exists() or not any((own / "snapshot").iterdir())
     accounts = [p for p in partial if p.table == "public.pgbench_accounts"]  # 100,000 rows, 1 MB blocks
     assert {p.stage for p in accounts} == {"copying", "converting"} and len(accounts) > 6
     assert [p.rows for p in accounts if p.stage == "converting"][-1] == 100_000
@@ -115,6 +121,8 @@ def test_a_snapshot_refuses_existing_mirrors_and_slots(spark: Any, pg15: PgClust
     pg15.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t", dbname=db)
     slot = f"{db}_slot"
     snapshot_tables(spark, str(tmp_path), slot=slot, publications=["p"], dsn=pg15.conninfo(db))
+    # A local target: the copy's work beside it, then removed.
+    assert list((tmp_path / "_pgoutput" / "snapshot-work").iterdir()) == []
     with pytest.raises(CaptureError, match=f"replication slot '{slot}' exists already"):
         snapshot_tables(spark, str(tmp_path), slot=slot, publications=["p"], dsn=pg15.conninfo(db))
     with pytest.raises(CaptureError, match="public.t: a mirror exists at .*a snapshot starts a new pipeline"):

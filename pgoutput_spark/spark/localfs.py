@@ -5,9 +5,13 @@ pip's pyspark ships no Hadoop native library, so Hadoop's local file system
 and directory it creates, and ``readlink`` on both sides of each rename (on
 the path's text, ``file:/...``, which never names a link): about 85 processes
 in an apply run of a small slice, 14 ms each when the driver JVM starts them.
-``jvm/NioLocalFileSystem.java`` does both through ``java.nio`` (modes with
-set-uid, set-gid or sticky bits, and real symbolic links, stay Hadoop's), and
-``jvm/NioLocalFs.java`` is the same for Delta's ``FileContext``.
+``jvm/NioRawLocalFileSystem.java`` does both through ``java.nio`` (modes with
+set-uid, set-gid or sticky bits, and real symbolic links, stay Hadoop's);
+``jvm/NioLocalFileSystem.java`` is the ``file:`` file system, that one inside
+Hadoop's ``LocalFileSystem`` with its ``.name.crc`` checksum files off (Hadoop
+code that asks for the local file system, such as S3A's upload buffers, wants
+a ``LocalFileSystem``), and ``jvm/NioLocalFs.java`` is the raw one for Delta's
+``FileContext``.
 
 `local_fs_settings` compiles the two classes with Janino, the Java compiler in
 Spark's own jars, into a directory under the user's cache
@@ -15,7 +19,7 @@ Spark's own jars, into a directory under the user's cache
 ``~/.cache/pgoutput-spark``), once per version of the sources and of Spark's
 jars, and returns the settings that put them on a new local session's class
 path as the ``file:`` file system. Where that fails it logs why and returns no
-settings: the session keeps Hadoop's ``RawLocalFileSystem``.
+settings: the session keeps Hadoop's ``LocalFileSystem``.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def compiled_classes(*, cache: Path | None = None, java: str | None = None,
             shutil.rmtree(staging, ignore_errors=True)
         return target
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _log.warning("local paths stay on Hadoop's RawLocalFileSystem (a process per file created "
+        _log.warning("local paths stay on Hadoop's LocalFileSystem (a process per file created "
                      "or renamed): could not compile %s: %s", FILE_SYSTEM, exc)
         return None
 

@@ -40,14 +40,11 @@ DEFAULTS: dict[str, str] = {
     # as they are (1.2M decoded messages: 718 MiB compressed, 737 MiB not) after spending
     # CPU on choosing a scheme per column: 4-5 of 50 JVM CPU-seconds of an apply run.
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    # Local paths (file:) through Hadoop's raw local file system, without its checksummed
-    # wrapper: no ".name.crc" sidecar beside every file. Without Hadoop's native library
-    # (pip's pyspark has none) each file created, and each side of a rename, also starts a
-    # process (chmod, readlink: 17 ms each from the driver JVM); the sidecars doubled them. The
-    # sample capture in six runs: 978 processes, 514 without (benchmarks/README.md). A session
-    # `build_spark_session` starts on a local master goes further: `localfs`, none of them.
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
-    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+    # Local paths (file:) stay on Hadoop's LocalFileSystem here, with its ".name.crc" sidecars;
+    # a session `build_spark_session` starts on a local master gets `localfs`'s instead (no
+    # sidecar, no process per file). Hadoop's raw local file system in its place, as these
+    # settings once had, broke the code that asks Hadoop for the local file system as a
+    # LocalFileSystem (FileSystem.getLocal): S3A's upload buffers, LocalDirAllocator.
 }
 _FILE_SYSTEM_KEYS = ("spark.hadoop.fs.file.impl", "spark.hadoop.fs.AbstractFileSystem.file.impl")
 

@@ -71,6 +71,28 @@ def test_the_session_writes_local_paths_as_hadoop_does_without_starting_processe
         ours.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(f"file:{tmp_path}/missing"))
 
 
+@pytest.mark.spark
+def test_hadoop_code_that_asks_for_the_local_file_system_gets_it(spark, tmp_path):
+    """Hadoop hands out the local file system as a LocalFileSystem (`FileSystem.getLocal`
+    casts): S3A buffers its uploads in files from a LocalDirAllocator, which asks for it so.
+    The session's ``file:`` file system is one, and still writes no checksum file."""
+    jvm = spark._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    assert local.getClass().getName() == FILE_SYSTEM
+    conf.set("pgoutput.tests.buffer.dir", str(tmp_path / "buffer"))
+    allocator = jvm.org.apache.hadoop.fs.LocalDirAllocator("pgoutput.tests.buffer.dir")
+    block = allocator.createTmpFileForWrite("s3ablock-0001-", 1 << 20, conf)  # as S3A's disk blocks
+    assert str(block.getParent()) == str(tmp_path / "buffer")
+    written = jvm.org.apache.hadoop.fs.Path(f"file:{tmp_path}/written")
+    out = local.create(written, True)
+    out.write(b"rows")
+    out.close()
+    assert (tmp_path / "written").read_bytes() == b"rows"
+    local.rename(written, jvm.org.apache.hadoop.fs.Path(f"file:{tmp_path}/renamed"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer", "renamed"]  # no .written.crc
+
+
 def test_the_classes_compile_once_into_the_cache(tmp_path, monkeypatch):
     first = compiled_classes(cache=tmp_path)
     assert first is not None and first.parent == tmp_path
@@ -97,7 +119,7 @@ def test_without_a_compiler_local_paths_stay_hadoops_and_the_log_says_why(tmp_pa
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
     with caplog.at_level(logging.WARNING, logger=localfs.__name__):
         assert local_fs_settings() == {}
-    assert "stay on Hadoop's RawLocalFileSystem" in caplog.text and "no-java" in caplog.text
+    assert "stay on Hadoop's LocalFileSystem" in caplog.text and "no-java" in caplog.text
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-compiled kept
 
     caplog.clear()

@@ -12,13 +12,13 @@ import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.local.LocalConfigKeys;
 
 /**
- * NioLocalFileSystem for FileContext (fs.AbstractFileSystem.file.impl), as Hadoop's
+ * NioRawLocalFileSystem for FileContext (fs.AbstractFileSystem.file.impl), as Hadoop's
  * RawLocalFs is RawLocalFileSystem's: Delta writes its checksum files through a
  * FileContext, and its renames look at both sides.
  */
 public class NioLocalFs extends DelegateToFileSystem {
     public NioLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
-        super(uri, new NioLocalFileSystem(), conf, FsConstants.LOCAL_FS_URI.getScheme(), false);
+        super(uri, new NioRawLocalFileSystem(), conf, FsConstants.LOCAL_FS_URI.getScheme(), false);
     }
 
     public int getUriDefaultPort() {

@@ -65,8 +65,8 @@ def upload(spark: SparkSession, local: Path, path: str) -> None:
     """Copy the local file ``local`` to ``path`` (replacing a file there) and delete ``local``."""
     source, source_fs = hadoop(spark, local.resolve().as_uri())
     target, fs = hadoop(spark, path)
-    # FileUtil.copy, not copyFromLocalFile: that one wants `file:` to be Hadoop's LocalFileSystem
-    # (the session's is `localfs`'s).
+    # FileUtil.copy between the two file systems, whatever `file:` is mapped to (copyFromLocalFile
+    # goes through FileSystem.getLocal, which must then be a LocalFileSystem).
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     jvm.org.apache.hadoop.fs.FileUtil.copy(source_fs, source, fs, target, True, True, fs.getConf())
 

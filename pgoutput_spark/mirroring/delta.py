@@ -38,6 +38,7 @@ from ..assemble.relations import RelationVersion
 from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
+from ..spark.files import is_uri
 from .net import TableSpec
 
 _log = logging.getLogger(__name__)
@@ -74,9 +75,6 @@ def mirror_path(root: str, namespace: str, name: str, template: str = DEFAULT_TA
                                          table=_segment(name)))
 
 
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-
-
 def absolute_path(path: str) -> str:
     """A local path made absolute, a URI (``s3a://...``, ``file:/...``) as given.
 
@@ -84,7 +82,7 @@ def absolute_path(path: str) -> str:
     one, so every path the jobs write to is made absolute first (relative to
     the working directory, as Spark reads it).
     """
-    return path if _URI.match(path) else os.path.abspath(path)
+    return path if is_uri(path) else os.path.abspath(path)
 
 
 def path_table(path: str) -> str:

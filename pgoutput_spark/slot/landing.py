@@ -33,13 +33,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import CaptureError
+from ..spark.files import is_uri, local_folder
 
 __all__ = ["CAPTURE_SCHEMA", "LANDING_INFO_FILE", "ChunkRecord", "ParquetLanding", "arrow_filesystem"]
 
@@ -153,16 +153,13 @@ class ChunkFile:
             leftover.unlink()
 
 
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-
-
 def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
     """Arrow's file system and the path in it for a URI other than ``file:``; None for a local path.
 
     Spark's S3 connector spells S3 ``s3a://`` (and once ``s3n://``): the same buckets are
     ``s3://`` to Arrow, so the command line takes the URI the apply job reads.
     """
-    if not _URI.match(path) or path.startswith("file:"):
+    if not is_uri(path) or path.startswith("file:"):
         return None
     try:
         return pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
@@ -171,10 +168,6 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
         raise CaptureError(f"{path}: a Parquet landing there needs a file system Arrow reaches ({reason}); land"
                            " into a local or mounted folder, or into a Delta table (--landing-format delta: Spark's"
                            " file systems)") from exc
-
-
-def _local(path: str) -> Path:
-    return Path(unquote(urlparse(path).path)) if path.startswith("file:") else Path(path)
 
 
 class ParquetLanding:
@@ -188,7 +181,7 @@ class ParquetLanding:
         self.path = str(path)
         remote = arrow_filesystem(self.path)
         #: the local folder, None for a URI
-        self._dir = _local(self.path).absolute() if remote is None else None
+        self._dir = local_folder(self.path) if remote is None else None
         self._fs, root = (pafs.LocalFileSystem(), str(self._dir)) if remote is None else remote
         self._root = root.rstrip("/")
         self._work: Path | None = self._dir  # where chunks are written before they are published

@@ -19,9 +19,14 @@ from urllib.parse import unquote, urlparse
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["child", "delete", "exists", "hadoop", "local_folder", "read_text", "upload"]
+__all__ = ["child", "delete", "exists", "hadoop", "is_uri", "local_folder", "read_text", "upload"]
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def is_uri(path: str) -> bool:
+    """Whether ``path`` starts with a URI scheme (``s3a:``, ``file:``, ...), not a local path."""
+    return _URI.match(path) is not None
 
 
 def child(path: str, *names: str) -> str:
@@ -33,7 +38,7 @@ def local_folder(path: str) -> Path | None:
     """The local folder ``path`` names (a path, or a ``file:`` URI); None for other URIs."""
     if path.startswith("file:"):
         return Path(unquote(urlparse(path).path))
-    return None if _URI.match(path) else Path(path).absolute()
+    return None if is_uri(path) else Path(path).absolute()
 
 
 def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:

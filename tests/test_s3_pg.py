@@ -25,7 +25,7 @@ import pytest
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from .plugins.postgres import new_database
-from .plugins.s3 import Bucket
+from .plugins.s3 import KEY, REGION, SECRET, Bucket
 
 pytestmark = pytest.mark.postgres
 
@@ -81,11 +81,11 @@ def test_snapshot_capture_apply_and_verify_on_s3(pg15: PgCluster, s3: Bucket, s3
     conf = {
         "spark.jars.packages": ",".join(PACKAGES),
         "spark.hadoop.fs.s3a.endpoint": s3_endpoint,
-        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+        "spark.hadoop.fs.s3a.endpoint.region": REGION,
         "spark.hadoop.fs.s3a.path.style.access": "true",
         "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-        "spark.hadoop.fs.s3a.access.key": "test",
-        "spark.hadoop.fs.s3a.secret.key": "test",
+        "spark.hadoop.fs.s3a.access.key": KEY,
+        "spark.hadoop.fs.s3a.secret.key": SECRET,
         "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
         # the driver's upload buffers in the test's folder
         "spark.hadoop.fs.s3a.buffer.dir": str(tmp_path / "s3a-buffer"),

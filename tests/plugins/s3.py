@@ -10,8 +10,15 @@ import pyarrow.fs as pafs
 import pytest
 
 BUCKET = "pgoutput-tests"
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1",
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+#: What moto accepts: any key, one region.
+KEY, SECRET, REGION = "test", "test", "us-east-1"
+_CREDENTIALS = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": REGION,
+                "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _filesystem(endpoint: str, **options: Any) -> pafs.S3FileSystem:
+    return pafs.S3FileSystem(endpoint_override=endpoint, access_key=KEY, secret_key=SECRET, region=REGION,
+                             **options)
 
 
 @pytest.fixture(scope="session")
@@ -22,9 +29,7 @@ def s3_endpoint() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    fs = pafs.S3FileSystem(endpoint_override=endpoint, access_key="test", secret_key="test", region="us-east-1",
-                           allow_bucket_creation=True)
-    fs.create_dir(BUCKET)
+    _filesystem(endpoint, allow_bucket_creation=True).create_dir(BUCKET)
     yield endpoint
     server.stop()
 
@@ -45,5 +50,4 @@ def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     for key, value in {**_CREDENTIALS, "AWS_ENDPOINT_URL": s3_endpoint}.items():
         monkeypatch.setenv(key, value)
     name = request.node.name.translate({ord(c): "_" for c in "[]/ "})[:60]
-    fs = pafs.S3FileSystem(endpoint_override=s3_endpoint, access_key="test", secret_key="test", region="us-east-1")
-    return Bucket(f"s3a://{BUCKET}/{name}", fs, f"{BUCKET}/{name}")
+    return Bucket(f"s3a://{BUCKET}/{name}", _filesystem(s3_endpoint), f"{BUCKET}/{name}")

@@ -145,7 +145,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     from the start of the capture: every change of the table up to the run's
     end is replayed into a new mirror that replaces the old one in one
     commit. The capture must still hold everything from the pipeline's first
-    run; a table that started from a (re-)snapshot, or that keeps a history,
+    run (a capture holding fewer messages than the runs read is refused:
+    `_Rebuild.check_capture`); a table that started from a (re-)snapshot, or that keeps a history,
     cannot be rebuilt this way (re-snapshot it). With nothing new in the
     capture the run rebuilds only.
 
@@ -319,6 +320,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             return oid in starts or (_is_delta(spark, path) and started_by_snapshot(spark, path))
 
         rebuilt = rebuild.relations(history, tables, snapshotted)
+        if rebuilt:
+            with _step("check the capture holds what the runs read"):
+                rebuild.check_capture(ledger, lo, [_first_name(history, oid) for oid in rebuilt])
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
         excluded = sorted({_first_name(history, oid) for oid in relations
                            if not tables.selected(_first_name(history, oid))})
@@ -517,6 +521,28 @@ class _Rebuild:
                 raise _cannot_rebuild(name, reason)
             out.append(oids[0])
         return out
+
+    def check_capture(self, ledger: Ledger, lo: int | None, names: list[str]) -> None:
+        """`ConfigError` when the capture holds fewer messages up to ``lo`` than the finished runs
+        read there (their ``_runs`` rows): files deleted or expired from the landing, whose
+        changes a replay would leave out of the rebuilt mirrors. Counts the capture's seqs up
+        to ``lo``, one Spark job (a replay reads them all anyway). Rows of files accepted late
+        (``accept_late_files``) count too, so they can hide as many missing ones."""
+        if lo is None:
+            return
+        read = sum(messages for _, hi, messages in ledger.slices() if hi <= lo)
+        held, first = self.capture.where(F.col("seq") <= lo).agg(F.count_distinct("seq"), F.min("seq")).first()
+        if held >= read:
+            return
+        starts = "nothing" if first is None else f"seq {first} onwards"
+        reason = (f"the capture no longer holds every message the runs read: up to seq {lo} the runs read "
+                  f"{read} messages and the capture holds {held} ({starts}); {read - held} are gone "
+                  f"(capture files deleted or expired from the landing?), and a replay without them would "
+                  f"leave their changes out")
+        tables = " ".join(f"--table {name}" for name in names)
+        raise ConfigError(f"rebuild: {', '.join(names)} cannot be rebuilt from the capture: {reason}; "
+                          f"re-snapshot {'it' if len(names) == 1 else 'them'} instead (snapshot {tables}); "
+                          f"nothing was written")
 
     def run(self, ledger: Ledger, hi: int, skip_origins: tuple[str, ...], history: RelationHistory,
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:

@@ -151,6 +151,16 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     untouched = commits(paths[1])
     with pytest.raises(ConfigError, match=r"rebuild: no table public\.nope in the capture's relations"):
         run_apply(spark, capture, root, rebuild=["public.nope"])
+    # A capture whose first messages are gone (a file deleted from the landing): the replay
+    # would leave their changes out, so the rebuild is refused before anything is written.
+    rebuilt_at = commits(paths[0])
+    n = len(first + _second_slice())
+    with pytest.raises(ConfigError, match=rf"rebuild: public\.one cannot be rebuilt from the capture: the capture "
+                                          rf"no longer holds every message the runs read: up to seq {n - 1} the "
+                                          rf"runs read {n} messages and the capture holds {n - 2} \(seq 2 onwards\); "
+                                          r"2 are gone .* \(snapshot --table public\.one\); nothing was written"):
+        run_apply(spark, capture.where("seq >= 2"), root, rebuild=["public.one"])
+    assert commits(paths[0]) == rebuilt_at
     rebuilt = run_apply(spark, capture, root, rebuild=["public.one"])  # nothing new: it only rebuilds
     assert [(t.table, t.status, t.inserted) for t in rebuilt.tables] == [("public.one", "rebuilt", 2)]
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE

@@ -530,7 +530,7 @@ class _Rebuild:
         (``accept_late_files``) count too, so they can hide as many missing ones."""
         if lo is None:
             return
-        read = sum(messages for _, hi, messages in ledger.slices() if hi <= lo)
+        read = sum(messages or 0 for _, hi, messages in ledger.slices() if hi <= lo)
         held, first = self.capture.where(F.col("seq") <= lo).agg(F.count_distinct("seq"), F.min("seq")).first()
         if held >= read:
             return

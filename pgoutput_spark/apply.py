@@ -146,9 +146,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     end is replayed into a new mirror that replaces the old one in one
     commit. The capture must still hold everything from the pipeline's first
     run (a capture holding fewer messages than the runs read is refused:
-    `_Rebuild.check_capture`); a table that started from a (re-)snapshot, or that keeps a history,
-    cannot be rebuilt this way (re-snapshot it). With nothing new in the
-    capture the run rebuilds only.
+    `_Rebuild.check_capture`); a table that started from a (re-)snapshot, or
+    that keeps a history, cannot be rebuilt this way (re-snapshot it). With
+    nothing new in the capture the run rebuilds only.
 
     Each run records the capture files it saw. Files that land after runs applied past
     their seqs are checked (`capture.landed_files`): rows that repeat messages the runs

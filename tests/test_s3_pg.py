@@ -5,9 +5,9 @@ child process with a Spark session of its own that has Spark's S3 connector as u
 add it (``hadoop-aws`` of pyspark's Hadoop version, which brings the AWS SDK's bundle,
 about 560 MB, from Maven on the first run). The snapshot and the mirrors go through ``s3a://``,
 the Parquet landing through Arrow's S3 client under the same URI, a Delta landing of a twin
-slot's stream through Spark's. PostgreSQL is
-the oracle: the mirrors' rows are compared with its tables', and `verify` with its
-own reading of them.
+slot's stream through Spark's. PostgreSQL is the oracle: the mirrors' rows are compared
+with its tables', `verify` with its own reading of them, and the Delta landing with the
+messages it decodes for a third slot.
 """
 
 from __future__ import annotations
@@ -48,23 +48,23 @@ _JOB = textwrap.dedent("""
     target, landing, dsn = args["target"], args["landing"], args["dsn"]
     snapshot = snapshot_tables(spark, target, slot=args["slot"], publications=["s3_pub"], dsn=dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:  # traffic after the snapshot
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (args["twin"],))
+        for twin in args["twins"]:  # one for a Delta landing, one PostgreSQL peeks at for the test
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (twin,))
         for statement in args["traffic"]:
             conn.execute(statement)
     captured = capture_slot(landing, slot=args["slot"], dsn=dsn, publications=["s3_pub"], chunk_size=50)
-    # The same traffic through the twin slot into a Delta landing in the bucket.
-    in_delta = capture_slot(args["delta_landing"], slot=args["twin"], dsn=dsn, publications=["s3_pub"],
-                            chunk_size=50, format="delta", spark=spark)
-    streams = {name: [[r.seq, r.lsn, r.xid, r.data.hex()] for r in read_capture(spark, where).orderBy("seq")
-                      .select("seq", "lsn", "xid", "data").collect()]
-               for name, where in (("parquet", landing), ("delta", args["delta_landing"]))}
+    # The same traffic through a twin slot into a Delta landing in the bucket, read back.
+    in_delta = capture_slot(args["delta_landing"], slot=args["twins"][0], dsn=dsn, publications=["s3_pub"],
+                            proto_version=1, chunk_size=50, format="delta", spark=spark)
+    stream = [[r.seq, r.lsn, r.xid, r.data.hex()] for r in read_capture(spark, args["delta_landing"])
+              .orderBy("seq").select("seq", "lsn", "xid", "data").collect()]
     applied = run_apply(spark, read_capture(spark, landing), target)
     again = run_apply(spark, read_capture(spark, landing), target)
     verified = verify_mirrors(spark, target, landing, dsn=dsn)
     rows = {name: sorted([list(r) for r in mirror(spark, target, name).collect()], key=repr)
             for name in ("public.keyed", "public.bag")}
     print(json.dumps({"snapshot": {t.table: t.rows for t in snapshot.tables}, "chunks": len(captured.chunks),
-                      "delta_chunks": len(in_delta.chunks), "streams": streams,
+                      "delta_chunks": len(in_delta.chunks), "delta_stream": stream,
                       "applied": [[t.table, t.inserted, t.updated, t.deleted] for t in applied.tables],
                       "again_skipped": again.skipped, "states": {t.table: t.state for t in verified.tables},
                       "rows": rows}, default=str))  # numeric: Decimal as its text
@@ -100,7 +100,8 @@ def test_snapshot_capture_apply_and_verify_on_s3(pg15: PgCluster, s3: Bucket, s3
         "spark.hadoop.fs.s3a.buffer.dir": str(tmp_path / "s3a-buffer"),
     }
     args = {"conf": conf, "target": f"{s3.uri}/target", "landing": f"{s3.uri}/landing", "dsn": pg15.conninfo(db),
-            "slot": f"{db}_slot", "twin": f"{db}_twin", "delta_landing": f"{s3.uri}/delta-landing", "traffic": traffic}
+            "slot": f"{db}_slot", "twins": [f"{db}_twin", f"{db}_peek"], "delta_landing": f"{s3.uri}/delta-landing",
+            "traffic": traffic}
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PGOUTPUT_SPARK_CACHE": str(tmp_path / "cache")}
     run = subprocess.run([sys.executable, "-c", _JOB, json.dumps(args)], cwd=ROOT, env=env, text=True,
                          capture_output=True, timeout=900)
@@ -108,15 +109,16 @@ def test_snapshot_capture_apply_and_verify_on_s3(pg15: PgCluster, s3: Bucket, s3
     result = json.loads(run.stdout.strip().splitlines()[-1])
 
     assert result["snapshot"] == {"public.keyed": 50, "public.bag": 3} and result["chunks"] > 1
-    # The Delta landing (written and read by Spark through s3a://) holds the twin slot's stream:
-    # the same messages at the same LSNs as the Parquet landing, numbered from 0 in both. Each
-    # chunk is a decoding session that sends a table's Relation message again: those may fall
-    # elsewhere when the chunks do, so they are compared as a set.
-    parquet, delta = result["streams"]["parquet"], result["streams"]["delta"]
-    assert result["delta_chunks"] > 1 and len(delta) > 50
+    # The Delta landing (written and read by Spark through s3a://) holds the stream PostgreSQL
+    # decodes for a slot made at the same point, numbered from 0. Each chunk is a decoding
+    # session that sends a table's Relation message again: those are compared as a set.
+    delta = result["delta_stream"]
+    peeked = [[m.lsn, m.xid, m.data.hex()] for m in pg15.peek_pgoutput(f"{db}_peek", publications=["s3_pub"],
+                                                                       proto_version=1, dbname=db)]
+    assert result["delta_chunks"] > 1 and len(delta) >= len(peeked) > 50
     assert [r[0] for r in delta] == list(range(len(delta)))
-    assert [r[1:] for r in delta if not r[3].startswith("52")] == [r[1:] for r in parquet if not r[3].startswith("52")]
-    assert {r[3] for r in delta if r[3].startswith("52")} == {r[3] for r in parquet if r[3].startswith("52")}
+    assert [r[1:] for r in delta if not r[3].startswith("52")] == [r for r in peeked if not r[2].startswith("52")]
+    assert {r[3] for r in delta if r[3].startswith("52")} == {r[2] for r in peeked if r[2].startswith("52")}
     assert result["again_skipped"]
     assert result["states"] == {"public.keyed": "equal", "public.bag": "equal"}
     keyed = [[i, v, str(n)] for i, v, n in _rows(pg15, db, "SELECT id, v, n FROM keyed")]
@@ -131,4 +133,5 @@ def test_snapshot_capture_apply_and_verify_on_s3(pg15: PgCluster, s3: Bucket, s3
     assert "delta-landing/_delta_log/00000000000000000000.json" in names
     assert not [n for n in names if n.startswith("delta-landing/_pgoutput_capture_work/")]
     pg15.drop_slot(f"{db}_slot", dbname=db)
-    pg15.drop_slot(f"{db}_twin", dbname=db)
+    for slot in ("twin", "peek"):
+        pg15.drop_slot(f"{db}_{slot}", dbname=db)

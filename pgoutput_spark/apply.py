@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
@@ -46,7 +46,16 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message
+from .capture import (
+    CaptureColumns,
+    Landed,
+    _is_delta,
+    check_seqs_follow,
+    landed_by_capture,
+    landed_files,
+    message_counts,
+    one_row_per_message,
+)
 from .config import TablesConfig
 from .errors import ConfigError
 from .ledger import RUNS_SCHEMA, ConcurrentRunError, Lease, Ledger
@@ -111,7 +120,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               net_task_rows: int = NET_TASK_ROWS,
               progress: Callable[[str], None] | None = None,
               rebuild: tuple[str, ...] | list[str] = (),
-              accept_late_files: bool = False) -> ApplyResult:
+              accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
@@ -155,6 +164,13 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     read are left out and counted; messages no run read fail the run with a `CaptureError`
     before anything is written, unless ``accept_late_files`` (after a rebuild or
     re-snapshot of the mirrors, or to let them go): the run then records those files.
+
+    ``seq_gaps``: a seq missing from the run's slice fails it with a `CaptureError` naming
+    the seqs, before anything is written (``"fail"``), or is taken as the landing's (the
+    contract allows gaps: ``"allow"``). By default (None) ``"fail"`` when ``capture`` is
+    `read_capture`'s frame of a landing ``pgoutput-spark capture`` wrote, whose seqs follow
+    one another from 0 (a missing one is a file deleted or expired before a run applied
+    it), ``"allow"`` for any other frame.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -212,7 +228,11 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     if lo is not None:
         window = window.where(F.col("seq") > lo)
     with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
-        window, repeated = one_row_per_message(window)
+        counts = message_counts(window)
+        landing = landed_by_capture(capture)
+        if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
+            check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture")
+        window, repeated = one_row_per_message(window, counts)
     run_id = uuid.uuid4().hex
     with _step("claim the slice"):
         ledger.claim(lease, run_id, hi)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+import weakref
 from collections.abc import Callable, Set
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CaptureError
@@ -148,7 +149,41 @@ def check_landing(spark: SparkSession, path: str, format: Literal["parquet", "de
     return info
 
 
-def one_row_per_message(window: DataFrame) -> tuple[DataFrame, int]:
+def message_counts(window: DataFrame) -> tuple[int, int]:
+    """(rows, distinct seqs) of ``window``: one Spark job."""
+    from pyspark.sql import functions as F
+
+    rows, messages = window.agg(F.count(F.lit(1)), F.count_distinct("seq")).first()
+    return rows, messages
+
+
+def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str) -> None:
+    """`CaptureError` when ``window`` (the canonical rows of seqs ``(lo, hi]``, ``messages``
+    distinct seqs among them) misses a seq: for a landing of ``pgoutput-spark capture``,
+    whose seqs follow one another from 0, a file deleted or expired before a run applied it.
+    Names the first missing seqs (two Spark jobs, only when some are missing)."""
+    from pyspark.sql import functions as F
+
+    start = 0 if lo is None else lo + 1
+    expected = hi - start + 1
+    if messages >= expected:
+        return
+    present = window.select("seq").distinct()
+    ends = present.join(present.select((F.col("seq") - 1).alias("seq")), "seq", "left_anti")
+    lowest, before_gap = window.agg(F.min("seq")).first()[0], ends.where(F.col("seq") < hi).agg(F.min("seq")).first()[0]
+    first = start if lowest is None or lowest > start else before_gap + 1
+    after = window.where(F.col("seq") > first).agg(F.min("seq")).first()[0]
+    last = hi if after is None else after - 1  # None: every seq from there on (a redone slice's end)
+    gap = f"seq {first}" if last == first else f"seqs {first} to {last}"
+    raise CaptureError(
+        f"{source} misses {expected - messages} of the seqs {start} to {hi} this run would apply (first: {gap}): "
+        f"its seqs follow one another, so capture files were deleted or expired before a run applied "
+        f"them, and the mirrors would miss their changes. Nothing was written. Put the files back; if "
+        f"they are gone, re-snapshot the mirrors (snapshot) and apply from there with seq_gaps='allow' "
+        f"(--allow-seq-gaps)")
+
+
+def one_row_per_message(window: DataFrame, counts: tuple[int, int] | None = None) -> tuple[DataFrame, int]:
     """``window`` (canonical capture rows) with each message once, and how many rows repeated one.
 
     Landings written at least once (a retried file, a sink that delivers again) repeat
@@ -156,13 +191,13 @@ def one_row_per_message(window: DataFrame) -> tuple[DataFrame, int]:
     out. Two rows with one seq and different LSNs or bytes break the contract (seq names one
     message of the slot's stream): a `CaptureError` naming the seq and its LSNs, before
     anything is applied. Costs one aggregation over the seqs; the repeats are dropped by a
-    shuffle only when there are some.
+    shuffle only when there are some. ``counts``: `message_counts` of ``window``, if known.
     """
     from pyspark.sql import functions as F
 
     from .lsn import Lsn
 
-    rows, messages = window.agg(F.count(F.lit(1)), F.count_distinct("seq")).first()
+    rows, messages = counts or message_counts(window)
     if rows == messages:
         return window, 0
     clashes = (window.groupBy("seq")
@@ -199,17 +234,31 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
         format = "delta" if _is_delta(spark, path) else "parquet"
     if format not in ("parquet", "delta"):
         raise CaptureError(f"unknown capture format {format!r}: expected auto, parquet or delta")
-    check_landing(spark, path, format)
+    info = check_landing(spark, path, format)
     reader = spark.read.format(format)
     if format == "parquet":
         # Only Parquet files: a capture folder may hold a README, markers, ...
         reader = reader.option("pathGlobFilter", "*.parquet")
     try:
-        return reader.load(path)
+        frame = reader.load(path)
     except Exception as exc:  # AnalysisException: path missing, not Parquet, ...
         if type(exc).__name__ in ("AnalysisException", "PathNotFoundException"):
             raise CaptureError(f"can't read capture {path!r} as {format}: {exc}") from exc
         raise
+    if info is not None:  # its seqs follow one another from 0 (`landed_by_capture`)
+        _LANDINGS[frame] = path
+    return frame
+
+
+#: The frames `read_capture` returned for landings of ``pgoutput-spark capture``, with their paths.
+_LANDINGS: weakref.WeakKeyDictionary[DataFrame, str] = weakref.WeakKeyDictionary()
+
+
+def landed_by_capture(capture: DataFrame) -> str | None:
+    """The landing's path when ``capture`` is `read_capture`'s frame of a landing that
+    ``pgoutput-spark capture`` wrote (its seqs follow one another from 0); None otherwise
+    (another frame, even one derived from it: its rows may be a part of the landing)."""
+    return _LANDINGS.get(capture)
 
 
 # -- files that land late ------------------------------------------------------------------------

@@ -131,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--accept-late-files", action="store_true",
                        help="go on past capture files that landed after runs applied past their seqs "
                             "(after rebuilding or re-snapshotting the mirrors they miss)")
+    apply.add_argument("--allow-seq-gaps", action="store_true",
+                       help="apply a slice that misses seqs of a landing of `capture` (whose seqs follow one "
+                            "another; by default a missing one fails the run: files deleted or expired)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
     bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
     bounded.add_argument("--until-lsn", metavar="LSN", type=Lsn, help="end the slice at the last message at or before this LSN")
@@ -266,7 +269,8 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                          slice_where=args.slice_where, max_messages=args.max_messages,
                          net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
                          rebuild=rebuild.pop() if rebuild else [],
-                         accept_late_files=args.accept_late_files)
+                         accept_late_files=args.accept_late_files,
+                         seq_gaps="allow" if args.allow_seq_gaps else None)
 
     return _until_caught_up(once, args.until_caught_up, say)
 

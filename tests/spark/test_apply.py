@@ -253,6 +253,28 @@ def test_a_net_change_spread_over_tasks_by_key_gives_the_same_tables(spark, tmp_
     assert f"net change in {third.tables[0].tasks} tasks" in third.render()
 
 
+def test_a_slice_missing_seqs_fails_when_asked_to_and_applies_when_gaps_are_allowed(spark, tmp_path):
+    """The capture contract allows gaps in seq (by default any frame but a landing of
+    ``pgoutput-spark capture``: tests/spark/test_apply_pg.py); ``seq_gaps="fail"`` names them."""
+    from pgoutput_spark.errors import CaptureError
+
+    root = str(tmp_path / "target")
+    messages = _frame(spark, _first_slice() + _second_slice())
+    gapped = messages.where("seq NOT IN (17, 18) AND seq <> 21")
+    with pytest.raises(CaptureError, match=r"^the capture misses 3 of the seqs 0 to 22 this run would apply "
+                                           r"\(first: seqs 17 to 18\): .* Nothing was written"):
+        run_apply(spark, gapped, root, seq_gaps="fail")
+    st = status(spark, root)
+    assert (st.runs, st.position, st.mirrors) == ([], None, {})
+    first = run_apply(spark, messages.where("seq <= 15"), root, seq_gaps="fail")  # one whole transaction
+    with pytest.raises(CaptureError, match=r"misses 1 of the seqs 16 to 22 .* \(first: seq 16\)"):
+        run_apply(spark, messages.where("seq > 16"), root, seq_gaps="fail")
+    assert status(spark, root).position == first.hi == 15
+    # Allowed (the default for a frame): the slice's transactions apply, the gap's are not there.
+    rest = run_apply(spark, messages.where("seq NOT BETWEEN 16 AND 18"), root)
+    assert (rest.lo, rest.hi, rest.messages) == (15, 22, 4)
+
+
 def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_written(spark, tmp_path):
     """A repeated row is the same message again (tests/spark/test_apply_pg.py lands real ones);
     one seq holding two different messages breaks the capture contract."""

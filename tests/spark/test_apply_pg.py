@@ -805,3 +805,42 @@ def test_capture_lands_transactions_between_streamed_ones_that_stay_open(spark, 
     _, results = _apply_and_compare(spark, messages, d.workload, tmp_path / "apply",
                                     [c.first_seq for c in chunks[1:]], run_after={len(first.chunks) - 1})
     assert len(results) == 2 and results[-1].open_rows == 0
+
+
+def test_a_capture_landing_missing_a_file_fails_the_run_naming_its_seqs(spark, pg15, tmp_path, capsys):
+    """A landing of ``pgoutput-spark capture`` numbers its messages one after another from 0: a
+    chunk file deleted (or expired) before a run applied it is a gap, and the mirrors would miss
+    its transactions. The run fails naming the seqs, before anything is written; with
+    ``--allow-seq-gaps`` it applies the rest, as the apply of any other landing does."""
+    from pgoutput_spark.cli import main
+    from pgoutput_spark.errors import CaptureError
+
+    db = new_database(pg15, "gaps")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+    slot = f"{db}_slot"
+    pg15.create_slot(slot, dbname=db)
+    for i in range(4):
+        pg15.execute(f"INSERT INTO t SELECT g, 'v' FROM generate_series({10 * i + 1}, {10 * i + 10}) g", dbname=db)
+    landing, target = str(tmp_path / "landing"), str(tmp_path / "target")
+    capture_slot(landing, slot=slot, dsn=pg15.conninfo(db), publications=["pub"], chunk_size=5)
+    pg15.drop_slot(slot, dbname=db)
+    parts = sorted(Path(landing).glob("part-*.parquet"))
+    assert len(parts) >= 3
+    seqs = pq.read_table(parts[1], columns=["seq"]).column("seq").to_pylist()
+    ids = {r[0] for r in pg15.query("SELECT id FROM t", dbname=db)}
+    gone = {int(decode_message(m).new_tuple[0].value) for m in pq.read_table(parts[1]).column("data").to_pylist()
+            if m[:1] == b"I"}
+    parts[1].unlink()
+    last = max(pq.read_table(parts[-1], columns=["seq"]).column("seq").to_pylist())
+    with pytest.raises(CaptureError, match=rf"the capture {landing} misses {len(seqs)} of the seqs 0 to {last} "
+                                           rf"this run would apply \(first: seqs {seqs[0]} to {seqs[-1]}\)"):
+        run_apply(spark, read_capture(spark, landing), target)
+    assert status(spark, target).runs == [] and not Path(mirror_path(target, "public", "t")).exists()
+    # A frame derived from the landing's is any frame: gaps allowed unless asked for.
+    assert run_apply(spark, read_capture(spark, landing).where("seq >= 0"), str(tmp_path / "other")).hi == last
+    args = ["apply", "--capture", landing, "--target", target, "--master", "local[2]"]
+    assert main(args) == 1
+    assert f"misses {len(seqs)} of the seqs" in capsys.readouterr().err
+    assert main([*args, "--allow-seq-gaps"]) == 0
+    mirror = {r[0] for r in spark.read.format("delta").load(mirror_path(target, "public", "t")).collect()}
+    assert gone and mirror == ids - gone

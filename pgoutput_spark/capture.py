@@ -157,11 +157,17 @@ def message_counts(window: DataFrame) -> tuple[int, int]:
     return rows, messages
 
 
-def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str) -> None:
+_GAPS_REMEDY = ("Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
+                "with seq_gaps='allow' (--allow-seq-gaps)")
+
+
+def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str,
+                      remedy: str = _GAPS_REMEDY) -> None:
     """`CaptureError` when ``window`` (the canonical rows of seqs ``(lo, hi]``, ``messages``
     distinct seqs among them) misses a seq: for a landing of ``pgoutput-spark capture``,
     whose seqs follow one another from 0, a file deleted or expired before a run applied it.
-    Names the first missing seqs (two Spark jobs, only when some are missing)."""
+    Names the first missing seqs (two Spark jobs, only when some are missing); ``remedy``
+    ends the error."""
     from pyspark.sql import functions as F
 
     start = 0 if lo is None else lo + 1
@@ -178,9 +184,7 @@ def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int,
     raise CaptureError(
         f"{source} misses {expected - messages} of the seqs {start} to {hi} this run would apply (first: {gap}): "
         f"its seqs follow one another, so capture files were deleted or expired before a run applied "
-        f"them, and the mirrors would miss their changes. Nothing was written. Put the files back; if "
-        f"they are gone, re-snapshot the mirrors (snapshot) and apply from there with seq_gaps='allow' "
-        f"(--allow-seq-gaps)")
+        f"them, and the tables would miss their changes. Nothing was written. {remedy}")
 
 
 def one_row_per_message(window: DataFrame, counts: tuple[int, int] | None = None) -> tuple[DataFrame, int]:

@@ -24,13 +24,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .capture import CaptureColumns, Landed, landed_files, late_note, one_row_per_message, repeated_note
+from .capture import (
+    CaptureColumns,
+    Landed,
+    check_seqs_follow,
+    landed_by_capture,
+    landed_files,
+    late_note,
+    message_counts,
+    one_row_per_message,
+    repeated_note,
+)
 from .ledger import saved_history
 from .mirroring.delta import (
     absolute_path,
@@ -145,7 +155,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
                 max_messages: int | None = None,
                 progress: Callable[[str], None] | None = None,
-                accept_late_files: bool = False) -> ChangesResult:
+                accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
@@ -156,6 +166,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     Capture files that land after runs wrote past their seqs are checked as by
     `pgoutput_spark.apply.run_apply` (`capture.landed_files`): messages no run read fail
     the run, unless ``accept_late_files`` (the change tables then go on without them).
+    A slice missing seqs fails the run as in `run_apply` (``seq_gaps``: by default only for
+    `read_capture`'s frame of a landing ``pgoutput-spark capture`` wrote).
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -188,7 +200,13 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
-    window, repeated = one_row_per_message(window)  # before the run is recorded: a bad landing changes nothing
+    counts = message_counts(window)  # the checks before the run is recorded: a bad landing changes nothing
+    landing = landed_by_capture(capture)
+    if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
+        check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture",
+                          remedy="Put the files back; if they are gone, start the change tables over in a new "
+                                 "target, or run with --allow-seq-gaps (seq_gaps='allow') to go on without them")
+    window, repeated = one_row_per_message(window, counts)
     if not started:
         state.record("started", lo if lo is not None else -1, hi, scan_in)
     decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks

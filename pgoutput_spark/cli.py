@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--accept-late-files", action="store_true",
                          help="go on past capture files that landed after runs wrote past their seqs "
                               "(the change tables go on without their messages)")
+    changes.add_argument("--allow-seq-gaps", action="store_true",
+                         help="write a slice that misses seqs of a landing of `capture` (by default a "
+                              "missing one fails the run: files deleted or expired)")
     changes.add_argument("--until-caught-up", action="store_true",
                          help="run again after each bounded run until the capture is written")
     changes.add_argument("--master", help="Spark master (default from the configuration)")
@@ -291,7 +294,8 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
         lambda: run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
                             on_error=config.decode.on_error,  # type: ignore[arg-type]
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
-                            progress=say, accept_late_files=args.accept_late_files),
+                            progress=say, accept_late_files=args.accept_late_files,
+                            seq_gaps="allow" if args.allow_seq_gaps else None),
         args.until_caught_up, say)
 
 

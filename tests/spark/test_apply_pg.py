@@ -811,7 +811,8 @@ def test_a_capture_landing_missing_a_file_fails_the_run_naming_its_seqs(spark, p
     """A landing of ``pgoutput-spark capture`` numbers its messages one after another from 0: a
     chunk file deleted (or expired) before a run applied it is a gap, and the mirrors would miss
     its transactions. The run fails naming the seqs, before anything is written; with
-    ``--allow-seq-gaps`` it applies the rest, as the apply of any other landing does."""
+    ``--allow-seq-gaps`` it applies the rest, as the apply of any other landing does. The
+    changes job checks too."""
     from pgoutput_spark.cli import main
     from pgoutput_spark.errors import CaptureError
 
@@ -844,3 +845,10 @@ def test_a_capture_landing_missing_a_file_fails_the_run_naming_its_seqs(spark, p
     assert main([*args, "--allow-seq-gaps"]) == 0
     mirror = {r[0] for r in spark.read.format("delta").load(mirror_path(target, "public", "t")).collect()}
     assert gone and mirror == ids - gone
+    # The changes job checks the same way, before it records its run.
+    changes = str(tmp_path / "changes")
+    with pytest.raises(CaptureError, match=rf"misses {len(seqs)} of the seqs 0 to {last} .* start the change "
+                                           r"tables over in a new target, or run with --allow-seq-gaps"):
+        run_changes(spark, read_capture(spark, landing), changes)
+    assert not Path(changes).exists()
+    assert run_changes(spark, read_capture(spark, landing), changes, seq_gaps="allow").hi == last

@@ -46,16 +46,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import (
-    CaptureColumns,
-    Landed,
-    _is_delta,
-    check_seqs_follow,
-    landed_by_capture,
-    landed_files,
-    message_counts,
-    one_row_per_message,
-)
+from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message, slice_messages
 from .config import TablesConfig
 from .errors import ConfigError
 from .ledger import RUNS_SCHEMA, ConcurrentRunError, Lease, Ledger
@@ -228,11 +219,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     if lo is not None:
         window = window.where(F.col("seq") > lo)
     with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
-        counts = message_counts(window)
-        landing = landed_by_capture(capture)
-        if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
-            check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture")
-        window, repeated = one_row_per_message(window, counts)
+        window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+            "Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
+            "with seq_gaps='allow' (--allow-seq-gaps)"))
     run_id = uuid.uuid4().hex
     with _step("claim the slice"):
         ledger.claim(lease, run_id, hi)

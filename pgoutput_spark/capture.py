@@ -157,12 +157,20 @@ def message_counts(window: DataFrame) -> tuple[int, int]:
     return rows, messages
 
 
-_GAPS_REMEDY = ("Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
-                "with seq_gaps='allow' (--allow-seq-gaps)")
+def slice_messages(capture: DataFrame, window: DataFrame, lo: int | None, hi: int, *,
+                   seq_gaps: Literal["fail", "allow"] | None, remedy: str) -> tuple[DataFrame, int]:
+    """`one_row_per_message` of a run's slice ``window`` (the canonical rows of seqs ``(lo, hi]``
+    of ``capture``), checked first for missing seqs (`check_seqs_follow`, ending with
+    ``remedy``) where ``seq_gaps`` is ``"fail"``, or is None and ``capture`` is a landing of
+    ``pgoutput-spark capture`` (`landed_by_capture`). One Spark job when nothing is wrong."""
+    counts = message_counts(window)
+    landing = landed_by_capture(capture)
+    if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
+        check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture", remedy)
+    return one_row_per_message(window, counts)
 
 
-def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str,
-                      remedy: str = _GAPS_REMEDY) -> None:
+def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str, remedy: str) -> None:
     """`CaptureError` when ``window`` (the canonical rows of seqs ``(lo, hi]``, ``messages``
     distinct seqs among them) misses a seq: for a landing of ``pgoutput-spark capture``,
     whose seqs follow one another from 0, a file deleted or expired before a run applied it.

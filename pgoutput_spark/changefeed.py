@@ -30,17 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .capture import (
-    CaptureColumns,
-    Landed,
-    check_seqs_follow,
-    landed_by_capture,
-    landed_files,
-    late_note,
-    message_counts,
-    one_row_per_message,
-    repeated_note,
-)
+from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_messages
 from .ledger import saved_history
 from .mirroring.delta import (
     absolute_path,
@@ -200,13 +190,10 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     window = canonical.where(F.col("seq") <= hi)
     if lo is not None:
         window = window.where(F.col("seq") > lo)
-    counts = message_counts(window)  # the checks before the run is recorded: a bad landing changes nothing
-    landing = landed_by_capture(capture)
-    if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
-        check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture",
-                          remedy="Put the files back; if they are gone, start the change tables over in a new "
-                                 "target, or run with --allow-seq-gaps (seq_gaps='allow') to go on without them")
-    window, repeated = one_row_per_message(window, counts)
+    # Checked before the run is recorded: a bad landing changes nothing.
+    window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+        "Put the files back; if they are gone, start the change tables over in a new target, or run with "
+        "--allow-seq-gaps (seq_gaps='allow') to go on without them"))
     if not started:
         state.record("started", lo if lo is not None else -1, hi, scan_in)
     decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks

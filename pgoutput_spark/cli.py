@@ -219,7 +219,7 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
                              publications=args.publication,
                              dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
-                             progress=progress, selection=config.tables)
+                             history_path=config.apply.history_path, progress=progress, selection=config.tables)
     return result
 
 

@@ -24,7 +24,8 @@ run and when it ended). One MERGE (`merge_history`) then closes those versions
 and inserts the new ones, idempotent through Delta's transaction identifiers
 like the mirror's. History needs a key: a table whose identity is the whole
 row (``REPLICA IDENTITY FULL`` without a ``tables.keys`` override, or no
-identity) is refused.
+identity) is refused. A re-snapshot of the table (`slot.snapshot`) brings its
+history to the new mirror's rows (`resnapshot_history`).
 """
 
 from __future__ import annotations
@@ -191,3 +192,67 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
         path=path, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}
+
+
+def resnapshot_history(session: Any, path: str, mirror: str, key: tuple[str, ...], *, lsn: int, at: Any,
+                       app_id: str, metadata: dict[str, Any]) -> dict[str, int]:
+    """Bring the history at ``path`` to the re-snapshot just written to the mirror at ``mirror``,
+    in one idempotent MERGE (`merge_history`; transaction identifier ``app_id``, version ``lsn``).
+
+    The versions valid at ``lsn`` become the mirror's rows: a current version whose key the
+    mirror lacks, or whose values differ from the mirror's row in one of the mirror's columns,
+    is closed at ``lsn`` (time ``at``); the mirror's rows that no current version equals are
+    new versions valid from ``lsn`` (time ``at``; ``_version_seq`` NULL: no change made them),
+    NULL in the history's columns the mirror no longer has. A current version equal to its row
+    stays as it is. The history's schema must hold the mirror's columns (`apply_schema` first).
+    Returns the versions ``closed`` and ``opened``.
+    """
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    from ..spark.session import release
+    from .delta import quote
+
+    history = session.read.format("delta").load(path)
+    snapshot = session.read.format("delta").load(mirror)
+    types = {f.name: f.dataType for f in history.schema.fields}
+    data = [name for name in history.columns if name not in HISTORY_NAMES]
+    shared = [name for name in snapshot.columns if name in types]
+
+    def c(name: str) -> Any:
+        return F.col(f"c.{quote(name)}")
+
+    def s(name: str) -> Any:
+        return F.col(f"s.{quote(name)}")
+
+    joined = history.where(F.col("_is_current")).alias("c").join(
+        snapshot.alias("s"), [c(k) == s(k) for k in key], "full_outer")
+    had = F.col("c._is_current").isNotNull()
+    has = reduce(lambda a, b: a & b, [s(k).isNotNull() for k in key])
+    same = reduce(lambda a, b: a & b, [c(name).eqNullSafe(s(name).cast(types[name])) for name in shared])
+    at_ts = F.lit(at).cast(types["_valid_to_ts"])
+    none_lsn, none_ts = F.lit(None).cast("long"), F.lit(None).cast(types["_valid_to_ts"])
+    closes = joined.where(had & (~has | ~same)).select(
+        F.lit("close").alias("_action"),
+        *[(c(name) if name in key else F.lit(None).cast(types[name])).alias(name) for name in data],
+        none_lsn.alias("_valid_from_lsn"), F.lit(lsn).cast("long").alias("_valid_to_lsn"),
+        none_ts.alias("_valid_from_ts"), at_ts.alias("_valid_to_ts"), F.lit(False).alias("_is_current"),
+        none_lsn.alias("_version_seq"))
+    opens = joined.where(has & (~had | ~same)).select(
+        F.lit("version").alias("_action"),
+        *[(s(name).cast(types[name]) if name in shared else F.lit(None).cast(types[name])).alias(name)
+          for name in data],
+        F.lit(lsn).cast("long").alias("_valid_from_lsn"), none_lsn.alias("_valid_to_lsn"),
+        at_ts.alias("_valid_from_ts"), none_ts.alias("_valid_to_ts"), F.lit(True).alias("_is_current"),
+        none_lsn.alias("_version_seq"))
+    # Read once, from the versions as they are before the MERGE changes them.
+    source = closes.unionByName(opens).persist()
+    try:
+        counts = {r["_action"]: r["n"] for r in source.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+        if counts:
+            merge_history(session, path, source, TableSpec("keyed", key, tuple(data)), app_id=app_id,
+                          version=lsn, metadata=metadata)
+    finally:
+        release(source)
+    return {"closed": counts.get("close", 0), "opened": counts.get("version", 0)}

@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from ..config import TablesConfig
 from ..convert.dispatch import arrow_type, convert, text_type
 from ..convert.oids import FIRST_GENBKI_OBJECT_ID
 from ..convert.pgtype import PgType, resolve
-from ..errors import CaptureError
+from ..errors import CaptureError, ConfigError
 from ..lsn import Lsn
 from .options import PluginOptions, quote_ident
 from .source import SlotSource, connect
@@ -173,13 +174,17 @@ class TableCopy:
     seconds: float
     done: bool = True
     stage: str = "copied"
+    #: A re-snapshot of a table with a history table: its versions (closed, opened) at the snapshot.
+    history: tuple[int, int] | None = None
 
     def render(self) -> str:
         if not self.done:
             return (f"{self.table}: {self.stage} ... {self.rows:,} rows, {self.bytes / 1e6:.1f} MB of text"
                     f" so far ({self.seconds:.1f} s)")
+        history = "" if self.history is None else (
+            f"; its history: {self.history[0]:,} version(s) closed, {self.history[1]:,} opened")
         return (f"{self.table}: {self.rows:,} rows ({self.bytes / 1e6:.1f} MB of text) in"
-                f" {self.seconds:.1f} s -> {self.path}")
+                f" {self.seconds:.1f} s -> {self.path}{history}")
 
 
 @dataclass
@@ -247,6 +252,7 @@ def snapshot_tables(
     pipeline: str = "default",
     table_path: str | None = None,
     table_name: str | None = None,
+    history_path: str | None = None,
     batch_bytes: int = _BATCH_BYTES,
     progress: Callable[[TableCopy], None] | None = None,
     selection: TablesConfig | None = None,
@@ -265,12 +271,23 @@ def snapshot_tables(
     and columns) with the source as of ``S``, and ``S`` is recorded in
     ``_pgoutput/snapshots`` so that the apply skips that table's changes
     committed before ``S``. The pipeline's slot, capture and other mirrors are
-    not touched. For a column added with a DEFAULT, for example.
+    not touched. For a column added with a DEFAULT, for example. A table with a history table
+    (at ``history_path``, the apply's template) has its history brought to the re-snapshot in
+    the same step: the versions valid at ``S`` become the mirror's rows (`resnapshot_history`).
 
     `selection` (the configuration's ``tables``) leaves out tables the apply does not mirror and
     keeps the columns it keeps as text, as text.
     """
-    from ..mirroring.delta import DEFAULT_TABLE_PATH, apply_schema, catalog_name, mirror_path, plan_schema, register
+    from ..mirroring.delta import (
+        DEFAULT_HISTORY_PATH,
+        DEFAULT_TABLE_PATH,
+        apply_schema,
+        catalog_name,
+        mirror_path,
+        plan_schema,
+        register,
+    )
+    from ..mirroring.history import resnapshot_history
 
     if (slot is None) == (tables is None):
         raise CaptureError("pass either slot (a new pipeline) or tables (a re-snapshot), not both")
@@ -301,7 +318,13 @@ def snapshot_tables(
                 raise CaptureError(f"{table.schema}.{table.name}: a mirror exists at {path}; a snapshot"
                                    " starts a new pipeline into new mirrors (re-snapshot it with tables=)")
             plans[table.oid] = plan
+        # A re-snapshot's history tables: every decision before anything is written.
+        histories = {table.oid: _history_plan(spark, check, table, mirror_path(
+            target, table.schema, table.name, history_path or DEFAULT_HISTORY_PATH), selection)
+            for table in chosen} if replace else {}
+        histories = {oid: plan for oid, plan in histories.items() if plan is not None}
     replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace)
+    taken = datetime.now(timezone.utc)
     result = SnapshotResult(slot_name, point, snapshot, replaced=replace)
     try:
         reader = connect(dsn)
@@ -322,12 +345,21 @@ def snapshot_tables(
 
                 rows, size = _copy_into(spark, reader, table, plan, target, pipeline, point, batch_bytes,
                                         replace=plan.exists, partial=partial)
+                versions = None
+                if table.oid in histories:  # before the start is recorded: the apply goes on from both
+                    past, key = histories[table.oid]
+                    apply_schema(spark, past)
+                    lsn = int(point) - 1  # as the mirror's version (`_copy_into`)
+                    app_id = f"{pipeline}:history:{table.oid}"
+                    counts = resnapshot_history(spark, past.path, plan.path, key, lsn=lsn, at=taken, app_id=app_id,
+                                                metadata={"pipeline": pipeline, "snapshot": True, "to_lsn": lsn})
+                    versions = (counts["closed"], counts["opened"])
                 if replace:  # the apply skips older changes (a new pipeline's slot starts at `point`)
                     _record_start(spark, target, pipeline, [(table, plan.path)], point)
                 if table_name:
                     register(spark, catalog_name(table_name, table.schema, table.name), plan.path)
                 copied = TableCopy(f"{table.schema}.{table.name}", plan.path, rows, size,
-                                   time.monotonic() - started)
+                                   time.monotonic() - started, history=versions)
                 result.tables.append(copied)
                 if progress is not None:
                     progress(copied)
@@ -337,6 +369,44 @@ def snapshot_tables(
     finally:
         replication.close()
     return result
+
+
+def _history_plan(spark: SparkSession, conn: psycopg.Connection[Any], table: PublishedTable, path: str,
+                  selection: TablesConfig | None) -> tuple[Any, tuple[str, ...]] | None:
+    """The schema plan and key of the history table at ``path`` that a re-snapshot of ``table``
+    brings to its rows, None without one; `ConfigError` for a table without a key, `SchemaChangeError`
+    for a history whose columns cannot take the table's."""
+    from ..assemble.typed import change_schema
+    from ..capture import _is_delta
+    from ..mirroring.delta import plan_schema
+    from ..mirroring.history import history_fields
+
+    if not _is_delta(spark, path):
+        return None
+    name = f"{table.schema}.{table.name}"
+    published = [c[0] for c in table.columns]
+    key = tuple((selection or TablesConfig()).keys.get(name, ())) or identity_key(conn, table.oid)
+    if not key or any(k not in published for k in key):
+        raise ConfigError(f"{name} has a history table at {path} but no key among its published columns "
+                          f"(its replica identity is the whole row): give it one with tables.keys; nothing "
+                          f"was written")
+    columns = table.arrow_columns()
+    timestamp = change_schema(columns).field("_commit_ts").type
+    fields = [(f.name, f.type) for f in history_fields(timestamp)]
+    plan = plan_schema(spark, path, f"{name} (history)", [*columns, *fields],
+                       remedy="Move the history table away: the next run starts a new one from the mirror's rows")
+    return plan, key
+
+
+def identity_key(conn: psycopg.Connection[Any], oid: int) -> tuple[str, ...]:
+    """The columns of the table's replica identity key, as its Relation messages flag them:
+    the primary key (``DEFAULT``) or the index of ``USING INDEX``; none for ``FULL`` and ``NOTHING``."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_class c JOIN pg_index i ON i.indrelid = c.oid"
+        " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)"
+        " WHERE c.oid = %s AND CASE c.relreplident WHEN 'd' THEN i.indisprimary"
+        " WHEN 'i' THEN i.indisreplident ELSE false END ORDER BY a.attnum", (oid,)).fetchall()
+    return tuple(r[0] for r in rows)
 
 
 def _literal(text: str) -> str:

@@ -11,9 +11,11 @@ import pytest
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
+from pgoutput_spark.errors import ConfigError
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring.delta import mirror_path
 from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
@@ -42,6 +44,17 @@ SECOND = [
     "BEGIN; TRUNCATE item; INSERT INTO item VALUES (1, 'reborn', NULL, 0); COMMIT",
     "UPDATE item SET qty = 5 WHERE id = 1; DELETE FROM late WHERE id = 2",
 ]
+# Changes the apply skips: a re-snapshot of item after them takes them in (for the column added
+# with a DEFAULT, whose value for the rows before it no message carries).
+THIRD = [
+    "UPDATE item SET name = 'before the re-snapshot' WHERE id = 1;"
+    " INSERT INTO item VALUES (7, 'seven', NULL, 7)",
+    "ALTER TABLE item ADD COLUMN extra int DEFAULT 42",
+]
+FOURTH = [
+    "UPDATE item SET qty = 70 WHERE id = 7; UPDATE late SET v = 'one again' WHERE id = 1",
+    "BEGIN; DELETE FROM item WHERE id = 1; INSERT INTO item VALUES (8, 'eight', NULL, 8, 0); COMMIT",
+]
 
 
 def _source(pg: PgCluster, db: str) -> tuple[int, dict[str, list[tuple[Any, ...]]]]:
@@ -57,6 +70,12 @@ def _valid_at(versions: list[dict[str, Any]], lsn: int) -> list[tuple[Any, ...]]
     """The rows of the versions valid at ``lsn``, as the README's query selects them."""
     return sorted(tuple(v for k, v in r.items() if not k.startswith("_")) for r in versions
                   if r["_valid_from_lsn"] <= lsn and (r["_valid_to_lsn"] is None or lsn < r["_valid_to_lsn"]))
+
+
+def _padded(rows: list[tuple[Any, ...]], versions: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """PostgreSQL's rows from before a column was added, NULL in it as the history has them."""
+    width = len([k for k in versions[0] if not k.startswith("_")])
+    return [(*row, *[None] * (width - len(row))) for row in rows]
 
 
 def test_history_versions_valid_at_any_lsn_equal_the_source_then(spark: Any, pg15: PgCluster, tmp_path: Path,
@@ -98,3 +117,49 @@ def test_history_versions_valid_at_any_lsn_equal_the_source_then(spark: Any, pg1
     before = commits(item)
     assert run_apply(spark, read_capture(spark, landing), target, tables=both).skipped
     assert commits(item) == before
+
+    # A re-snapshot brings item's history to its rows too: the changes it takes in (which the
+    # apply then skips) close and open versions at its point; from there on, the versions valid
+    # at any LSN equal the source then, and the apply goes on from both.
+    skipped_from = len(states)
+    for sql in THIRD:
+        pg15.execute(sql, dbname=db)
+        states.append(_source(pg15, db))
+    capture_slot(landing, slot=slot, dsn=dsn)
+    resnapshot = snapshot_tables(spark, target, publications=["hist_pub"], tables=["public.item"], dsn=dsn)
+    # Closed: id 1 (renamed, and extra 42 now); opened: id 1 and the new id 7.
+    assert [t.history for t in resnapshot.tables] == [(1, 2)], resnapshot.render()
+    assert "its history: 1 version(s) closed, 2 opened" in resnapshot.render()
+    states.append(_source(pg15, db))
+    snapshot_state = len(states) - 1
+    for sql in FOURTH:
+        pg15.execute(sql, dbname=db)
+        states.append(_source(pg15, db))
+    capture_slot(landing, slot=slot, dsn=dsn)
+    fourth = run_apply(spark, read_capture(spark, landing), target, tables=both)
+    assert {t.table: t.history for t in fourth.tables} == {"public.item": 2, "public.late": 1}  # new versions
+    items, lates = _versions(spark, item), _versions(spark, late)
+    for k, (lsn, rows) in enumerate(states):
+        if skipped_from <= k < snapshot_state:
+            continue  # changes the re-snapshot took in: at its point, not at their own commits
+        assert _valid_at(items, lsn) == _padded(rows["item"], items), (k, Lsn(lsn))
+        if lsn >= first_end:
+            assert _valid_at(lates, lsn) == rows["late"], (k, Lsn(lsn))
+    at_snapshot = [r for r in items if r["_valid_from_lsn"] == int(resnapshot.consistent_point) - 1]
+    assert sorted((r["id"], r["extra"], r["_version_seq"]) for r in at_snapshot) == [(1, 42, None), (7, 42, None)]
+    assert all(r["_valid_from_ts"] is not None for r in at_snapshot)
+    # Again with nothing changed since: every current version equals its row, no history commit.
+    before = commits(item)
+    again = snapshot_tables(spark, target, publications=["hist_pub"], tables=["public.item"], dsn=dsn)
+    assert [t.history for t in again.tables] == [(0, 0)] and commits(item) == before
+    # History needs a key: with item's identity now the whole row, a re-snapshot stops before
+    # writing anything, as the apply would; tables.keys gives it one.
+    pg15.execute("ALTER TABLE item REPLICA IDENTITY FULL", dbname=db)
+    mirror = mirror_path(target, "public", "item")
+    written = commits(mirror)
+    with pytest.raises(ConfigError, match=r"public\.item has a history table .* give it one with tables\.keys"):
+        snapshot_tables(spark, target, publications=["hist_pub"], tables=["public.item"], dsn=dsn)
+    assert commits(mirror) == written and commits(item) == before
+    keyed = snapshot_tables(spark, target, publications=["hist_pub"], tables=["public.item"], dsn=dsn,
+                            selection=TablesConfig(keys={"public.item": ("id",)}))
+    assert [t.history for t in keyed.tables] == [(0, 0)]

@@ -322,7 +322,7 @@ def snapshot_tables(
         histories = {table.oid: _history_plan(spark, check, table, mirror_path(
             target, table.schema, table.name, history_path or DEFAULT_HISTORY_PATH), selection)
             for table in chosen} if replace else {}
-        histories = {oid: plan for oid, plan in histories.items() if plan is not None}
+        histories = {oid: found for oid, found in histories.items() if found is not None}
     replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace)
     taken = datetime.now(timezone.utc)
     result = SnapshotResult(slot_name, point, snapshot, replaced=replace)
@@ -388,8 +388,8 @@ def _history_plan(spark: SparkSession, conn: psycopg.Connection[Any], table: Pub
     key = tuple((selection or TablesConfig()).keys.get(name, ())) or identity_key(conn, table.oid)
     if not key or any(k not in published for k in key):
         raise ConfigError(f"{name} has a history table at {path} but no key among its published columns "
-                          f"(its replica identity is the whole row): give it one with tables.keys; nothing "
-                          f"was written")
+                          f"(its replica identity is the whole row, or tables.keys names other columns): give "
+                          f"it one with tables.keys; nothing was written")
     columns = table.arrow_columns()
     timestamp = change_schema(columns).field("_commit_ts").type
     fields = [(f.name, f.type) for f in history_fields(timestamp)]

@@ -277,7 +277,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
         history = ledger.history()
-        history.text_columns = tables.types
+        history.type_overrides = tables.types
         new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
         # Saved: those that change a relation's schema (most repeat it, one per walsender session).
         new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]

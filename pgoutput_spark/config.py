@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 import types
@@ -92,6 +93,10 @@ class ApplyConfig:
                                   f"dot-separated non-empty parts, the last containing {{table}}")
 
 
+#: A ``tables.types`` override: PostgreSQL's text, or for a ``numeric`` column a double or a decimal.
+TYPE_OVERRIDE = re.compile(r"^(?:string|double|decimal\((?P<p>[0-9]+), *(?P<s>[0-9]+)\))$")
+
+
 @dataclass(frozen=True)
 class TablesConfig:
     """Which source tables the apply mirrors, and per-table overrides; tables are ``schema.table``."""
@@ -104,14 +109,14 @@ class TablesConfig:
     #: ``NOTHING``, or ``DEFAULT`` without a primary key): its mirror is then keyed, an insert of
     #: an existing key overwrites the row, instead of keeping identical rows apart.
     keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    #: ``schema.table`` -> {column: ``string``}: keep that column as PostgreSQL's text form
-    #: (e.g. a ``numeric(p, s)`` column holding NaN, which a decimal cannot hold).
+    #: ``schema.table`` -> {column: type} (`TYPE_OVERRIDE`): ``string`` keeps that column as
+    #: PostgreSQL's text form (e.g. a ``numeric(p, s)`` column holding NaN, which a decimal cannot
+    #: hold); for a ``numeric`` column, ``double`` or ``decimal(p, s)`` converts it as PostgreSQL's
+    #: ``::float8`` / ``::numeric(p, s)`` would (an unconstrained ``numeric`` is a string otherwise).
     types: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Patterns (as ``include``) of the tables that also get a history table (SCD type 2) at
     #: ``apply.history_path``: every version of every row with its validity (LSN and time range).
     history: tuple[str, ...] = ()
-
-    _choices = {"types": ("string",)}
 
     def keeps_history(self, name: str) -> bool:
         """Whether the table ``schema.table`` also gets a history table."""
@@ -131,6 +136,16 @@ class TablesConfig:
         for table in (*self.keys, *self.types):
             if "." not in table:
                 raise ConfigError(f"{source}: tables.keys / tables.types: {table!r} must be schema.table")
+        for table, columns in self.types.items():
+            for column, override in columns.items():
+                match = TYPE_OVERRIDE.match(override)
+                if match is None:
+                    raise ConfigError(f"{source}: tables.types.{table}.{column} is {override!r}, expected "
+                                      f"string, double or decimal(p, s)")
+                if match["p"] is not None and not 1 <= int(match["p"]) <= 38 or \
+                        match["s"] is not None and not 0 <= int(match["s"]) <= int(match["p"]):
+                    raise ConfigError(f"{source}: tables.types.{table}.{column} is {override!r}: a decimal "
+                                      f"needs 1 <= p <= 38 and 0 <= s <= p")
 
 
 #: JVM options that leave less often called code to the quick JIT compiler (see `LOCAL_SPARK_CONF`).

@@ -192,17 +192,24 @@ def test_tables_settings_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"tables.keys.public.log must be a list of strings, got 'id'"):
         load_config(conf)
     conf.write_text("tables:\n  types:\n    public.t:\n      amount: decimal\n")
-    with pytest.raises(ConfigError, match=r"tables.types.public.t.amount is 'decimal', expected one of \['string'\]"):
+    with pytest.raises(ConfigError, match=r"tables.types.public.t.amount is 'decimal', expected string, double "
+                                          r"or decimal\(p, s\)"):
+        load_config(conf)
+    conf.write_text("tables:\n  types:\n    public.t:\n      amount: decimal(40, 2)\n")
+    with pytest.raises(ConfigError, match=r"tables.types.public.t.amount is 'decimal\(40, 2\)': a decimal needs "
+                                          r"1 <= p <= 38 and 0 <= s <= p"):
         load_config(conf)
     conf.write_text("tables:\n  keys:\n    log: [id]\n")
     with pytest.raises(ConfigError, match=r"'log' must be schema.table"):
         load_config(conf)
     conf.write_text("tables:\n  include: [\"shop.*\"]\n  exclude: [\"shop.tmp_*\"]\n"
-                    "  keys:\n    shop.log: [id, at]\n  types:\n    shop.t:\n      amount: string\n")
+                    "  keys:\n    shop.log: [id, at]\n  types:\n    shop.t:\n      amount: string\n"
+                    "      rate: double\n      price: decimal(12, 2)\n")
     tables = load_config(conf).tables
     assert (tables.selected("shop.orders"), tables.selected("shop.tmp_x"), tables.selected("public.a")) == \
         (True, False, False)
-    assert tables.keys == {"shop.log": ("id", "at")} and tables.types == {"shop.t": {"amount": "string"}}
+    assert tables.keys == {"shop.log": ("id", "at")}
+    assert tables.types == {"shop.t": {"amount": "string", "rate": "double", "price": "decimal(12, 2)"}}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "conf").glob("*.yaml")))

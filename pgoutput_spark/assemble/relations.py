@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..convert import PgType, arrow_type, resolve, text_type, widens
+import pyarrow as pa
+
+from ..convert import PgType, arrow_type, override_type, resolve, widens
 from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
 from ..errors import PgoutputSparkError
 
@@ -74,13 +76,17 @@ class RelationHistory:
 
     relations: dict[int, list[RelationVersion]] = field(default_factory=dict)
     types: dict[int, list[TypeVersion]] = field(default_factory=dict)
-    #: ``schema.table`` (the relation's first name, as its mirror's) -> columns kept as
-    #: PostgreSQL's text (the ``tables.types`` setting).
-    text_columns: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: ``schema.table`` (the relation's first name, as its mirror's) -> {column: type}: the
+    #: ``tables.types`` setting (`convert.override_type`).
+    type_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def keeps_text(self, relation_id: int, column: str) -> bool:
+    def override(self, relation_id: int, column: str, pg_type: PgType) -> pa.DataType | None:
+        """The Arrow type ``tables.types`` gives the column (None: its own); `ConfigError` for an
+        override that does not apply to its type."""
         first = self.relations[relation_id][0]
-        return column in self.text_columns.get(f"{first.namespace}.{first.name}", {})
+        name = f"{first.namespace}.{first.name}"
+        chosen = self.type_overrides.get(name, {}).get(column)
+        return None if chosen is None else override_type(chosen, pg_type, f"{name}.{column}")
 
     def add(self, versions: Iterable[RelationVersion | TypeVersion]) -> list[RelationVersion | TypeVersion]:
         """Add Relation / Type versions; return those of them that the history keeps, by seq.
@@ -160,8 +166,7 @@ class RelationHistory:
         for version in self.relations[relation_id]:
             for column in version.columns:
                 pg_type = self.pg_type(column, version.seq + 1)
-                now = (text_type(pg_type) if self.keeps_text(relation_id, column.name)
-                       else arrow_type(pg_type))
+                now = self.override(relation_id, column.name, pg_type) or arrow_type(pg_type)
                 before = out.get(column.name)
                 out[column.name] = before if before is not None and widens(now, before) else now
         return list(out.items())

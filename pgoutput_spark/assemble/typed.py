@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert.dispatch import ARROW_ERRORS, convert, first_failure, text_type
+from ..convert.dispatch import ARROW_ERRORS, convert, first_failure
 from ..decoder import arrow as ab
 from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
@@ -82,7 +82,7 @@ def _convert_values(value: pa.Array, text: np.ndarray, binary: np.ndarray, versi
     """
     column = version.columns[j]
     pg_type = history.pg_type(column, version.seq + 1)
-    keep = text_type(pg_type) if history.keeps_text(version.relation_id, column.name) else None
+    keep = history.override(version.relation_id, column.name, pg_type)
     if not binary.any():
         out = convert(_only(value, pa.array(text)), pg_type, format="text", target=keep)
     else:

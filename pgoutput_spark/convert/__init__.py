@@ -11,7 +11,7 @@ derives Spark types from `arrow_type`. The mapping and its policies are in
 
 from ..errors import TypeConversionError
 from .dates import DATE_INFINITY, DATE_MINUS_INFINITY, TIMESTAMP_INFINITY, TIMESTAMP_MINUS_INFINITY
-from .dispatch import arrow_type, convert, text_type, widens
+from .dispatch import arrow_type, convert, override_type, text_type, widens
 from .interval import INTERVAL
 from .oids import ARRAY_ELEMENT, BuiltinArrayType, BuiltinType
 from .pgtype import PgType, resolve
@@ -29,6 +29,7 @@ __all__ = [
     "TypeConversionError",
     "arrow_type",
     "convert",
+    "override_type",
     "resolve",
     "text_type",
     "widens",

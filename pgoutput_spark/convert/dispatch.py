@@ -16,16 +16,17 @@ from typing import Literal
 
 import pyarrow as pa
 
+from ..config import TYPE_OVERRIDE
 from ..errors import ConfigError, TypeConversionError
 from . import bits, bytea, dates, interval, network, numbers, numeric, strings, times, uuid
 from .array_binary import binary_arrays
 from .arrays import text_arrays
 from .codec import Codec
-from .oids import BuiltinArrayType
+from .oids import BuiltinArrayType, BuiltinType
 from .pgtype import PgType
 from .raw import RawValues, ValueFailure
 
-__all__ = ["ARROW_ERRORS", "arrow_type", "convert", "first_failure", "text_type", "widens"]
+__all__ = ["ARROW_ERRORS", "arrow_type", "convert", "first_failure", "override_type", "text_type", "widens"]
 
 Format = Literal["text", "binary"]
 Run = Callable[[pa.Array], pa.Array]
@@ -107,14 +108,17 @@ def convert(
     """
     if format not in ("text", "binary"):
         raise ConfigError(f"format must be 'text' or 'binary', got {format!r}")
-    as_text = False
+    as_text = numeric_target = False
     if target is not None and target != arrow_type(t):
-        if target != text_type(t):
+        if target == text_type(t):
+            as_text = True
+        elif _numeric(t) and (target == pa.float64() or pa.types.is_decimal128(target)):
+            numeric_target = True
+        else:
             raise ConfigError(
                 f"unsupported target {target} for {t.display_name}: use {arrow_type(t)}"
-                f" or {text_type(t)}"
+                f" or {text_type(t)}" + (", float64 or decimal128(p, s)" if _numeric(t) else "")
             )
-        as_text = True
     result_type = target if target is not None else arrow_type(t)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
@@ -122,7 +126,8 @@ def convert(
         raise TypeError(f"values must be a binary array, got {values.type}")
     if values.null_count == len(values):
         return pa.nulls(len(values), result_type)
-    run = _converter(t, format, as_text)
+    run = _converter(t, format, as_text) if not numeric_target else (
+        lambda values: numeric.numeric_as(RawValues(values), t, result_type, format))
     try:
         return run(values)
     except ValueFailure as failure:
@@ -131,6 +136,31 @@ def convert(
         suspect, reason = len(values) - 1, str(error)
     index, reason = first_failure(run, values, suspect, reason)
     raise _error(t, format, values, index, reason)
+
+
+def _numeric(t: PgType) -> bool:
+    return not t.is_array and t.builtin == BuiltinType.NUMERIC
+
+
+def override_type(override: str, t: PgType, where: str) -> pa.DataType:
+    """The Arrow type of a column of type ``t`` under the ``tables.types`` override ``override``
+    (`config.TYPE_OVERRIDE`; ``where``: the column, for the error): ``string`` keeps PostgreSQL's text (lists
+    of it for arrays); ``double`` and ``decimal(p, s)`` (1 <= p <= 38, 0 <= s <= p) apply to
+    ``numeric`` columns, as PostgreSQL's ``::float8`` and ``::numeric(p, s)`` convert them."""
+    match = TYPE_OVERRIDE.match(override)
+    if match is None:
+        raise ConfigError(f"tables.types: {where} is {override!r}, expected string, double or decimal(p, s)")
+    if override == "string":
+        return text_type(t)
+    if not _numeric(t):
+        raise ConfigError(f"tables.types: {where} is {t.display_name}; {override} applies to numeric columns "
+                          f"only (string applies to any)")
+    if override == "double":
+        return pa.float64()
+    precision, scale = int(match["p"]), int(match["s"])
+    if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+        raise ConfigError(f"tables.types: {where} is {override!r}: a decimal needs 1 <= p <= 38 and 0 <= s <= p")
+    return pa.decimal128(precision, scale)
 
 
 def _converter(t: PgType, format: Format, as_text: bool) -> Run:

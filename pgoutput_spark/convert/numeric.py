@@ -69,6 +69,40 @@ def _numeric_binary(raw: RawValues, t: PgType) -> pa.Array:
     return text if decimal is None else _to_decimal(raw, text, decimal, t)
 
 
+def numeric_as(raw: RawValues, t: PgType, target: pa.DataType, format: str) -> pa.Array:
+    """A ``numeric`` column's values as ``target`` (a `tables.types` override): ``float64``, or
+    ``decimal128(p, s)``, as PostgreSQL's casts ``::float8`` and ``::numeric(p, s)`` make them.
+
+    From the exact text: a double is its nearest value (NaN and +-Infinity kept; out of a
+    double's range: an error, as ``::float8``); a decimal is rounded to ``s`` fraction digits,
+    half away from zero, and a value with more integer digits than ``p - s`` is an error
+    (PostgreSQL: numeric field overflow), as is NaN or Infinity, which a decimal cannot hold.
+    """
+    if format == "text":
+        text = raw.as_string()
+        require_match(raw, text, _NUMERIC_TEXT, "numeric text must be a decimal number, NaN or [-]Infinity")
+    else:
+        text = numeric_binary_to_text(raw)
+    special = raw.valid & matches(text, _SPECIAL_TEXT)
+    if pa.types.is_floating(target):
+        out = pc.cast(text, target)
+        fail_where(raw.valid & ~special & np.asarray(pc.fill_null(pc.is_inf(out), False)),
+                   f"the value is out of range for {target} (tables.types: double)")
+        return out
+    precision, scale = target.precision, target.scale
+    fail_where(special, f"{t.display_name} is converted to decimal({precision},{scale}) (tables.types), which has"
+                        " no NaN or Infinity: use string or double for this column")  # fmt: skip
+    # One fraction digit past the scale decides the rounding: cut the rest, round, check the range.
+    digits = pc.replace_substring_regex(text, rf"^(-?[0-9]+\.[0-9]{{0,{scale + 1}}})[0-9]*$", r"\1")
+    wide = (pa.decimal128 if precision + 2 <= 38 else pa.decimal256)(precision + 2, scale + 1)
+    try:
+        rounded = pc.round(pc.cast(digits, wide), ndigits=scale, round_mode="half_towards_infinity")
+        return pc.cast(rounded, target)
+    except pa.ArrowInvalid as error:  # bisected to the value by `convert`
+        raise pa.ArrowInvalid(f"the value does not fit decimal({precision},{scale}) (tables.types; "
+                              f"PostgreSQL's numeric({precision},{scale}) would overflow too): {error}") from error
+
+
 def numeric_binary_to_text(raw: RawValues) -> pa.StringArray:
     """PostgreSQL's ``numeric_out`` text of binary numerics, vectorized.
 

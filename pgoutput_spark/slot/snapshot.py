@@ -36,7 +36,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..config import TablesConfig
-from ..convert.dispatch import arrow_type, convert, text_type
+from ..convert.dispatch import arrow_type, convert, override_type
 from ..convert.oids import FIRST_GENBKI_OBJECT_ID
 from ..convert.pgtype import PgType, resolve
 from ..errors import CaptureError, ConfigError
@@ -64,7 +64,7 @@ class PublishedTable:
     columns: tuple[tuple[str, int, int], ...]
     row_filter: str | None
     type_names: dict[int, tuple[str, str]] = field(default_factory=dict)
-    text_columns: frozenset[str] = frozenset()  # kept as PostgreSQL's text (tables.types)
+    overrides: tuple[tuple[str, str], ...] = ()  # (column, type): the tables.types setting
 
     @property
     def qualified(self) -> str:
@@ -78,7 +78,8 @@ class PublishedTable:
         return [(name, self.target(name, t)) for (name, _, _), t in zip(self.columns, self.pg_types())]
 
     def target(self, name: str, t: PgType) -> pa.DataType:
-        return text_type(t) if name in self.text_columns else arrow_type(t)
+        chosen = dict(self.overrides).get(name)
+        return arrow_type(t) if chosen is None else override_type(chosen, t, f"{self.schema}.{self.name}.{name}")
 
     def select(self) -> str:
         """The query COPY runs: published columns, row filter; a partitioned table with its partitions."""
@@ -131,9 +132,9 @@ def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str],
             if entry["all"] or name in entry["attnames"]]
         row_filter = None if entry["unfiltered"] or not entry["filters"] else \
             " OR ".join(f"({f})" for f in entry["filters"])
-        text = frozenset(selection.types.get(f"{entry['schema']}.{entry['name']}", {}))
+        overrides = tuple(sorted(selection.types.get(f"{entry['schema']}.{entry['name']}", {}).items()))
         out.append(PublishedTable(oid, entry["schema"], entry["name"], entry["partitioned"],
-                                  tuple(columns), row_filter, _type_names(conn, columns), text))
+                                  tuple(columns), row_filter, _type_names(conn, columns), overrides))
     return out
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pgoutput_spark.convert import PgType, TypeConversionError, arrow_type, convert
+from pgoutput_spark.convert import PgType, TypeConversionError, arrow_type, convert, override_type
 from pgoutput_spark.testing.pgcluster import PgCluster
 from tests.plugins.postgres import new_database
 
@@ -206,3 +207,46 @@ def test_escape_bytea_random(db15: TypeDb) -> None:
         assert text.equals(binary)
     finally:
         conn.execute("RESET ALL")
+
+
+@pytest.mark.parametrize("override", ["decimal(10,2)", "decimal(38,0)", "decimal(5,5)", "decimal(38,20)", "double"])
+def test_numeric_overrides_convert_as_postgresql_casts(db15: TypeDb, override: str) -> None:
+    """``tables.types``' double and decimal(p, s) for a numeric column: each value, from text and
+    from binary, is what PostgreSQL's ``::float8`` / ``::numeric(p, s)`` makes of it (rounding half
+    away from zero); a value that cast rejects (too many integer digits) fails naming it, as do
+    NaN and Infinity, which a decimal cannot hold (PostgreSQL's numeric(p, s) can)."""
+    conn = db15.conn
+    edges = ["0", "1.005", "-1.005", "0.125", "-0.125", "2.5", "-2.5", "0.0049", "-0.0049", "0.000005",
+             "-0.000005", "0.99999", "123.456789", "99999999.994", "99999999.995", "-99999999.995",
+             "12345678901234567890.123456789012345678901", "1e30", "1e-30", "NaN", "Infinity", "-Infinity"]
+    conn.execute("CREATE TEMP TABLE nums AS SELECT row_number() OVER () AS g, v::numeric AS v FROM unnest(%s::text[]) v"
+                 " UNION ALL SELECT 100 + g, round((random() * 1e6)::numeric * 10::numeric ^ (g %% 30 - 15), g %% 25)"
+                 " * (g %% 2 * 2 - 1) FROM generate_series(1, 500) g", (edges,))
+    cast = "float8" if override == "double" else override.replace("decimal", "numeric")
+    conn.execute(f"""CREATE OR REPLACE FUNCTION pg_temp.cast_or_null(v numeric) RETURNS text AS $$
+        BEGIN RETURN (v::{cast})::text; EXCEPTION WHEN numeric_value_out_of_range THEN RETURN NULL; END
+        $$ LANGUAGE plpgsql""")
+    try:
+        rows = conn.execute("SELECT g, v::text, pg_temp.cast_or_null(v) FROM nums ORDER BY g").fetchall()
+        t = PgType(1700)
+        target = override_type(override, t, "nums.v")
+        decimal = override != "double"
+        fails = {g for g, v, out in rows if out is None or decimal and out in ("NaN", "Infinity", "-Infinity")}
+        assert (len(fails) >= 3 if decimal else not fails) and len(rows) - len(fails) > 100
+        kept = "SELECT v FROM nums WHERE g <> ALL(%s) ORDER BY g" % ("'{" + ",".join(map(str, fails)) + "}'")
+        text = convert(binary_array(raw_values(conn, kept, 0)), t, format="text", target=target)
+        binary = convert(binary_array(raw_values(conn, kept, 1)), t, format="binary", target=target)
+        assert text.type == binary.type == target
+        expected = [float(out) if not decimal else Decimal(out) for g, _, out in rows if g not in fails]
+        assert_same(text.to_pylist(), expected, f"{override} from text vs PostgreSQL")
+        assert_same(binary.to_pylist(), expected, f"{override} from binary vs PostgreSQL")
+        for g, v, _ in rows:
+            if g in fails and (g < 100 or g in sorted(fails)[-10:]):  # the edges, some random values
+                one = f"SELECT v FROM nums WHERE g = {g}"
+                for fmt, name in ((0, "text"), (1, "binary")):
+                    with pytest.raises(TypeConversionError, match=r"fit decimal|no NaN or Infinity|out of range") \
+                            as info:
+                        convert(binary_array(raw_values(conn, one, fmt)), t, format=name, target=target)
+                    assert info.value.index == 0, v
+    finally:
+        conn.execute("DROP TABLE nums")

@@ -17,6 +17,7 @@ import pytest
 
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import NotReadableError, mirror, run_apply, status
+from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.errors import CaptureError, ConfigError
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.slot.capture import capture_slot
@@ -159,4 +160,46 @@ def test_a_table_renamed_after_its_snapshot_is_named_and_a_resnapshot_mends_it(s
     assert {t.table: (t.updated, t.skipped) for t in second.tables} == {"public.b": (1, 0)}
     assert sorted(tuple(r) for r in mirror(spark, target, "public.b").collect()) == \
         sorted(pg15.query("SELECT id, v FROM b", dbname=db))
+    pg15.drop_slot(slot, dbname=db)
+
+
+def test_numeric_type_overrides_in_snapshot_apply_and_verify(spark: Any, pg15: PgCluster, tmp_path: Path) -> None:
+    """``tables.types``: an unconstrained numeric as ``decimal(12,2)``, another as ``double`` and a
+    ``numeric(6,2)`` as ``string``: the snapshot's rows and the changes applied after it hold what
+    PostgreSQL's ``::numeric(12,2)``, ``::float8`` and ``::text`` give, and verify calls the mirror
+    equal; an override the column's type cannot take stops the run before anything is written."""
+    db = new_database(pg15, "overrides")
+    pg15.execute("CREATE TABLE m (id int PRIMARY KEY, amount numeric, rate numeric, note numeric(6,2));"
+                 " INSERT INTO m SELECT g, g / 7.0, (g / 3.0) * 10::numeric ^ (g % 5 - 2), g / 8.0"
+                 "   FROM generate_series(1, 40) g;"
+                 " INSERT INTO m VALUES (41, 0.125, 'NaN', NULL), (42, -0.125, 'Infinity', 1.5);"
+                 " CREATE PUBLICATION pub FOR TABLE m", dbname=db)
+    tables = TablesConfig(types={"public.m": {"amount": "decimal(12, 2)", "rate": "double", "note": "string"}})
+    slot, target, landing, dsn = f"{db}_slot", str(tmp_path / "target"), str(tmp_path / "landing"), pg15.conninfo(db)
+    snapshot_tables(spark, target, slot=slot, publications=["pub"], dsn=dsn, selection=tables)
+    pg15.execute("UPDATE m SET amount = amount * 3.33333, rate = rate / 7 WHERE id % 4 = 0;"
+                 " INSERT INTO m VALUES (43, 2.675, 0.00001, 2.25), (44, -2.675, '-Infinity', NULL);"
+                 " DELETE FROM m WHERE id = 1", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn, publications=["pub"], proto_version=1)
+    run_apply(spark, read_capture(spark, landing), target, tables=tables)
+
+    def rows(values: list[Any]) -> list[tuple[Any, ...]]:  # NaN as text: NaN != NaN
+        return sorted(tuple("NaN" if v != v else v for v in row) for row in values)
+
+    path = f"{target}/public/m"
+    frame = spark.read.format("delta").load(path)
+    assert [f.dataType.simpleString() for f in frame.schema] == ["int", "decimal(12,2)", "double", "string"]
+    expected = pg15.query("SELECT id, amount::numeric(12,2), rate::float8, note::text FROM m", dbname=db)
+    assert rows([tuple(r) for r in frame.collect()]) == rows(expected)
+    verified = verify_mirrors(spark, target, landing, dsn=dsn, selection=tables)
+    assert [t.state for t in verified.tables] == ["equal"], verified.render()
+
+    before = commits(path)
+    pg15.execute("UPDATE m SET rate = 1 WHERE id = 2", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn)
+    with pytest.raises(ConfigError, match=r"tables\.types: public\.m\.id is int4; double applies to numeric "
+                                          r"columns only"):
+        run_apply(spark, read_capture(spark, landing), target,
+                  tables=TablesConfig(types={"public.m": {**tables.types["public.m"], "id": "double"}}))
+    assert commits(path) == before
     pg15.drop_slot(slot, dbname=db)

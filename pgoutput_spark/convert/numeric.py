@@ -51,7 +51,7 @@ def _to_decimal(raw: RawValues, text: pa.Array, decimal: pa.Decimal128Type, t: P
         special,
         f"{t.display_name} is stored as decimal({decimal.precision},{decimal.scale}), which has no"
         " NaN or Infinity: convert this column with a type override to string"
-        " (target=pa.string()) to keep such values",
+        " (target=pa.string(); tables.types: string) or double (pa.float64(); double) to keep such values",
     )
     return pc.cast(text, decimal)  # too many digits -> ArrowInvalid
 

@@ -97,6 +97,17 @@ class ApplyConfig:
 TYPE_OVERRIDE = re.compile(r"^(?:string|double|decimal\((?P<p>[0-9]+), *(?P<s>[0-9]+)\))$")
 
 
+def type_override(override: str, where: str) -> re.Match[str]:
+    """``override`` matched by `TYPE_OVERRIDE`, a decimal's bounds checked; `ConfigError` naming
+    ``where`` (the setting) otherwise."""
+    match = TYPE_OVERRIDE.match(override)
+    if match is None:
+        raise ConfigError(f"{where} is {override!r}, expected string, double or decimal(p, s)")
+    if match["p"] is not None and not (1 <= int(match["p"]) <= 38 and 0 <= int(match["s"]) <= int(match["p"])):
+        raise ConfigError(f"{where} is {override!r}: a decimal needs 1 <= p <= 38 and 0 <= s <= p")
+    return match
+
+
 @dataclass(frozen=True)
 class TablesConfig:
     """Which source tables the apply mirrors, and per-table overrides; tables are ``schema.table``."""
@@ -138,14 +149,7 @@ class TablesConfig:
                 raise ConfigError(f"{source}: tables.keys / tables.types: {table!r} must be schema.table")
         for table, columns in self.types.items():
             for column, override in columns.items():
-                match = TYPE_OVERRIDE.match(override)
-                if match is None:
-                    raise ConfigError(f"{source}: tables.types.{table}.{column} is {override!r}, expected "
-                                      f"string, double or decimal(p, s)")
-                if match["p"] is not None and not 1 <= int(match["p"]) <= 38 or \
-                        match["s"] is not None and not 0 <= int(match["s"]) <= int(match["p"]):
-                    raise ConfigError(f"{source}: tables.types.{table}.{column} is {override!r}: a decimal "
-                                      f"needs 1 <= p <= 38 and 0 <= s <= p")
+                type_override(override, f"{source}: tables.types.{table}.{column}")
 
 
 #: JVM options that leave less often called code to the quick JIT compiler (see `LOCAL_SPARK_CONF`).

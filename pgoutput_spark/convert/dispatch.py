@@ -16,7 +16,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-from ..config import TYPE_OVERRIDE
+from ..config import type_override
 from ..errors import ConfigError, TypeConversionError
 from . import bits, bytea, dates, interval, network, numbers, numeric, strings, times, uuid
 from .array_binary import binary_arrays
@@ -144,12 +144,10 @@ def _numeric(t: PgType) -> bool:
 
 def override_type(override: str, t: PgType, where: str) -> pa.DataType:
     """The Arrow type of a column of type ``t`` under the ``tables.types`` override ``override``
-    (`config.TYPE_OVERRIDE`; ``where``: the column, for the error): ``string`` keeps PostgreSQL's text (lists
+    (`config.type_override`; ``where``: the column, for the error): ``string`` keeps PostgreSQL's text (lists
     of it for arrays); ``double`` and ``decimal(p, s)`` (1 <= p <= 38, 0 <= s <= p) apply to
     ``numeric`` columns, as PostgreSQL's ``::float8`` and ``::numeric(p, s)`` convert them."""
-    match = TYPE_OVERRIDE.match(override)
-    if match is None:
-        raise ConfigError(f"tables.types: {where} is {override!r}, expected string, double or decimal(p, s)")
+    match = type_override(override, f"tables.types: {where}")
     if override == "string":
         return text_type(t)
     if not _numeric(t):
@@ -157,10 +155,7 @@ def override_type(override: str, t: PgType, where: str) -> pa.DataType:
                           f"only (string applies to any)")
     if override == "double":
         return pa.float64()
-    precision, scale = int(match["p"]), int(match["s"])
-    if not 1 <= precision <= 38 or not 0 <= scale <= precision:
-        raise ConfigError(f"tables.types: {where} is {override!r}: a decimal needs 1 <= p <= 38 and 0 <= s <= p")
-    return pa.decimal128(precision, scale)
+    return pa.decimal128(int(match["p"]), int(match["s"]))
 
 
 def _converter(t: PgType, format: Format, as_text: bool) -> Run:

@@ -72,7 +72,7 @@ from .mirroring.delta import (
     txn_append,
     vacuum_tables,
 )
-from .mirroring.history import history_fields, history_frame, merge_history
+from .mirroring.history import history_frame, merge_history, plan_history
 from .mirroring.net import TableSpec
 from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
@@ -600,11 +600,8 @@ def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid:
         raise ConfigError(f"tables.history: {name} has no key (its replica identity is the whole row), so "
                           f"its rows have no versions to follow; give it one with tables.keys; nothing was written")
     first = history.relations[oid][0]
-    timestamp = change_schema(plan.columns).field("_commit_ts").type
-    columns = [*plan.columns, *[(f.name, f.type) for f in history_fields(timestamp)]]
-    return plan_schema(spark, mirror_path(root, first.namespace, first.name, template), f"{name} (history)",
-                       columns, remedy="Move the history table away: the next run starts a new one "  # type: ignore[arg-type]
-                       "from the mirror's rows")
+    return plan_history(spark, mirror_path(root, first.namespace, first.name, template), name,
+                        plan.columns)  # type: ignore[arg-type]
 
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,

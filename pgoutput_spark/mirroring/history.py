@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..assemble.typed import data_fields
+from ..assemble.typed import change_schema, data_fields
 from .net import TableSpec, _provenance, prepare
 
 #: The history's own columns, after the table's columns.
@@ -48,6 +48,18 @@ def history_fields(timestamp: pa.DataType) -> list[pa.Field]:
     return [pa.field("_valid_from_lsn", pa.int64()), pa.field("_valid_to_lsn", pa.int64()),
             pa.field("_valid_from_ts", timestamp), pa.field("_valid_to_ts", timestamp),
             pa.field("_is_current", pa.bool_()), pa.field("_version_seq", pa.int64())]
+
+
+def plan_history(spark: Any, path: str, name: str, columns: list[tuple[str, pa.DataType]]) -> Any:
+    """The schema plan (`delta.plan_schema`) of the history table at ``path`` of the table ``name``
+    whose columns are ``columns``: those, then `HISTORY_NAMES`. A type change the history cannot
+    follow names the remedy: move it away (the next run starts a new one from the mirror's rows)."""
+    from .delta import plan_schema
+
+    timestamp = change_schema(columns).field("_commit_ts").type
+    fields = [(f.name, f.type) for f in history_fields(timestamp)]
+    return plan_schema(spark, path, f"{name} (history)", [*columns, *fields],
+                       remedy="Move the history table away: the next run starts a new one from the mirror's rows")
 
 
 def history_schema(changes: pa.Schema) -> pa.Schema:

@@ -377,10 +377,8 @@ def _history_plan(spark: SparkSession, conn: psycopg.Connection[Any], table: Pub
     """The schema plan and key of the history table at ``path`` that a re-snapshot of ``table``
     brings to its rows, None without one; `ConfigError` for a table without a key, `SchemaChangeError`
     for a history whose columns cannot take the table's."""
-    from ..assemble.typed import change_schema
     from ..capture import _is_delta
-    from ..mirroring.delta import plan_schema
-    from ..mirroring.history import history_fields
+    from ..mirroring.history import plan_history
 
     if not _is_delta(spark, path):
         return None
@@ -391,12 +389,7 @@ def _history_plan(spark: SparkSession, conn: psycopg.Connection[Any], table: Pub
         raise ConfigError(f"{name} has a history table at {path} but no key among its published columns "
                           f"(its replica identity is the whole row, or tables.keys names other columns): give "
                           f"it one with tables.keys; nothing was written")
-    columns = table.arrow_columns()
-    timestamp = change_schema(columns).field("_commit_ts").type
-    fields = [(f.name, f.type) for f in history_fields(timestamp)]
-    plan = plan_schema(spark, path, f"{name} (history)", [*columns, *fields],
-                       remedy="Move the history table away: the next run starts a new one from the mirror's rows")
-    return plan, key
+    return plan_history(spark, path, name, table.arrow_columns()), key
 
 
 def identity_key(conn: psycopg.Connection[Any], oid: int) -> tuple[str, ...]:

@@ -331,11 +331,11 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         rebuilt = rebuild.relations(history, tables, snapshotted)
         if rebuilt:
             with _step("check the capture holds what the runs read"):
-                rebuild.check_capture(ledger, lo, [_first_name(history, oid) for oid in rebuilt])
+                rebuild.check_capture(ledger, lo, [history.first_name(oid) for oid in rebuilt])
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
-        excluded = sorted({_first_name(history, oid) for oid in relations
-                           if not tables.selected(_first_name(history, oid))})
-        relations = [oid for oid in relations if tables.selected(_first_name(history, oid))]
+        excluded = sorted({history.first_name(oid) for oid in relations
+                           if not tables.selected(history.first_name(oid))})
+        relations = [oid for oid in relations if tables.selected(history.first_name(oid))]
         # Every schema decision before anything is written.
         with _step(f"plan {len(relations)} schemas"):
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path, first_seq.get(oid))
@@ -344,7 +344,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 _spec(history, oid, plans[oid], tables)  # a bad key override stops the run here
             rebuild_plans = {oid: _plan(spark, ledger.root, history, oid, table_path) for oid in rebuilt}
             histories = {oid: _history_plan(spark, ledger.root, history, oid, plans[oid], tables, history_path)
-                         for oid in relations if tables.keeps_history(_first_name(history, oid))}
+                         for oid in relations if tables.keeps_history(history.first_name(oid))}
         names: dict[int, tuple[str, ...]] = {}  # catalog names still to register
         if table_name:
             with _step("check catalog names"):
@@ -417,9 +417,9 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
             txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
     sources, snapshot_names = ledger.snapshot_sources(), ledger.snapshot_names()
-    replaced = tuple(sorted({_first_name(history, oid) for oid in relations if _replaced(history, oid, sources)}))
-    renamed = tuple(sorted({(_first_name(history, oid), min(snapshot_names[oid])) for oid in relations
-                            if oid in snapshot_names and _first_name(history, oid) not in snapshot_names[oid]}))
+    replaced = tuple(sorted({history.first_name(oid) for oid in relations if _replaced(history, oid, sources)}))
+    renamed = tuple(sorted({(history.first_name(oid), min(snapshot_names[oid])) for oid in relations
+                            if oid in snapshot_names and history.first_name(oid) not in snapshot_names[oid]}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced,
                          renamed=renamed)
@@ -465,28 +465,22 @@ def _plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
                        carried=history.columns_since(oid, first_seq))
 
 
-def _first_name(history: RelationHistory, oid: int) -> str:
-    """``schema.table`` as the relation was first seen: its mirror's name, whatever renames followed."""
-    first = history.relations[oid][0]
-    return f"{first.namespace}.{first.name}"
-
-
 def _replaced(history: RelationHistory, oid: int, sources: dict[str, int]) -> bool:
     """Whether the mirror ``oid`` writes to started from another relation of its name: its
     latest (re-)snapshot copied another OID (``sources``: `Ledger.snapshot_sources`), or,
     never snapshotted, the capture has several OIDs first seen under its name."""
-    name = _first_name(history, oid)
+    name = history.first_name(oid)
     source = sources.get(name)
     if source is not None:
         return source != oid
-    return sum(_first_name(history, o) == name for o in history.relations) > 1
+    return sum(history.first_name(o) == name for o in history.relations) > 1
 
 
 def _spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: TablesConfig) -> TableSpec:
     """How the mirror's rows are identified: the replica identity, or the ``tables.keys`` override."""
     columns = [c for c, _ in plan.columns]
     spec = table_spec(history.latest(oid), columns)
-    name = _first_name(history, oid)
+    name = history.first_name(oid)
     key = tables.keys.get(name)
     if key is None:
         return spec
@@ -515,9 +509,9 @@ class _Rebuild:
         (``snapshotted``: whether a relation's mirror holds a snapshot's rows)."""
         out = []
         for name in dict.fromkeys(self.tables):
-            oids = [oid for oid in history.relations if _first_name(history, oid) == name]
+            oids = [oid for oid in history.relations if history.first_name(oid) == name]
             if not oids:
-                known = ", ".join(sorted({_first_name(history, oid) for oid in history.relations})) or "none"
+                known = ", ".join(sorted({history.first_name(oid) for oid in history.relations})) or "none"
                 raise ConfigError(f"rebuild: no table {name} in the capture's relations (known: {known})")
             if len(oids) > 1:
                 raise ConfigError(f"rebuild: several relations were named {name} (dropped and created again); "
@@ -594,7 +588,7 @@ class _Rebuild:
 def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid: int, plan: SchemaPlan,
                   tables: TablesConfig, template: str) -> SchemaPlan:
     """The schema plan of a table's history table; `ConfigError` for a table without a key."""
-    name = _first_name(history, oid)
+    name = history.first_name(oid)
     spec = _spec(history, oid, plan, tables)
     if spec.mode != "keyed":
         raise ConfigError(f"tables.history: {name} has no key (its replica identity is the whole row), so "

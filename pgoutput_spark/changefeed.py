@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_messages
+from .config import TablesConfig
 from .ledger import saved_history
 from .mirroring.delta import (
     absolute_path,
@@ -65,6 +66,8 @@ class ChangesResult:
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
     # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
     landed: Landed = field(default_factory=Landed)
+    # Tables with changes in the slice that ``tables.include`` / ``exclude`` leave out (first names).
+    excluded: tuple[str, ...] = ()
 
     def render(self) -> str:
         if self.skipped:
@@ -77,6 +80,8 @@ class ChangesResult:
                  f"quarantined messages: {self.quarantined}",
                  f"rows of open transactions carried over: {self.open_rows}", "changes per table:"]
         lines += [f"  {name}: {count}" for name, count in sorted(self.changes.items())]
+        if self.excluded:
+            lines.append(f"not written (tables.include / exclude): {', '.join(self.excluded)}")
         if self.landed.late_rows:
             lines.append(late_note(self.landed))
         if self.remaining:
@@ -145,7 +150,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 on_error: OnError = "fail", skip_origins: tuple[str, ...] = (),
                 max_messages: int | None = None,
                 progress: Callable[[str], None] | None = None,
-                accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None) -> ChangesResult:
+                accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None,
+                tables: TablesConfig | None = None) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
@@ -158,6 +164,10 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     the run, unless ``accept_late_files`` (the change tables then go on without them).
     A slice missing seqs fails the run as in `run_apply` (``seq_gaps``: by default only for
     `read_capture`'s frame of a landing ``pgoutput-spark capture`` wrote).
+
+    ``tables`` (the configuration's ``tables``) chooses the tables written, ``include`` /
+    ``exclude``, and their columns' types, ``types``, as for the mirrors (by the name a table had
+    when the pipeline first saw it); ``keys`` and ``history`` are the mirrors' own.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -202,7 +212,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
         + (" (redoing an interrupted run)" if started else ""))
     try:
-        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files)
+        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files,
+                        tables or TablesConfig())
         return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
                                    landed=landed)
     finally:
@@ -211,9 +222,10 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
            lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None],
-           new_files: tuple[str, ...]) -> ChangesResult:
+           new_files: tuple[str, ...], tables: TablesConfig) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
+    history.type_overrides = tables.types
     new_meta = meta.collect()  # Relation / Type messages: a few per relation and session
     new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]  # those changing a schema
     if new_versions:
@@ -232,11 +244,15 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         per_relation = {r["relation_id"]: r["count"]
                         for r in touched.groupBy("relation_id").count().collect()}
         plans = {}  # every table's schema checked before anything is written
+        excluded: set[str] = set()
         for relation_id in sorted(per_relation):
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 seq = first[0] if first is not None and first[0] is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
+            if not tables.selected(history.first_name(relation_id)):
+                excluded.add(history.first_name(relation_id))
+                continue
             latest = history.latest(relation_id)
             plans[relation_id] = plan_schema(
                 spark, mirror_path(f"{state.target}/_changes", latest.namespace, latest.name),
@@ -252,7 +268,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             txn_append(frame, plan.path, f"{state.pipeline}:changes:{relation_id}", hi,
                        new_table=not plan.exists)
             counts[f"{latest.namespace}.{latest.name}"] = per_relation[relation_id]
-            say(f"table {len(counts)}/{len(per_relation)} written: {latest.namespace}.{latest.name} "
+            say(f"table {len(counts)}/{len(plans)} written: {latest.namespace}.{latest.name} "
                 f"{per_relation[relation_id]} changes")
         messages = assembled.messages
         txn_append(messages, f"{state.target}/_messages", f"{state.pipeline}:messages", hi)
@@ -269,4 +285,4 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()), new_files)
-    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad)
+    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=tuple(sorted(excluded)))

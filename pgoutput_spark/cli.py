@@ -295,7 +295,7 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
                             on_error=config.decode.on_error,  # type: ignore[arg-type]
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
                             progress=say, accept_late_files=args.accept_late_files,
-                            seq_gaps="allow" if args.allow_seq_gaps else None),
+                            seq_gaps="allow" if args.allow_seq_gaps else None, tables=config.tables),
         args.until_caught_up, say)
 
 

@@ -80,11 +80,16 @@ class RelationHistory:
     #: ``tables.types`` setting (`convert.override_type`).
     type_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    def first_name(self, relation_id: int) -> str:
+        """``schema.table`` as the relation was first seen: the name ``tables`` settings and its
+        mirror go by, whatever renames followed."""
+        first = self.relations[relation_id][0]
+        return f"{first.namespace}.{first.name}"
+
     def override(self, relation_id: int, column: str, pg_type: PgType) -> pa.DataType | None:
         """The Arrow type ``tables.types`` gives the column (None: its own); `ConfigError` for an
         override that does not apply to its type."""
-        first = self.relations[relation_id][0]
-        name = f"{first.namespace}.{first.name}"
+        name = self.first_name(relation_id)
         chosen = self.type_overrides.get(name, {}).get(column)
         return None if chosen is None else override_type(chosen, pg_type, f"{name}.{column}")
 

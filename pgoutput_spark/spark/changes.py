@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -11,6 +12,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.relations import RelationHistory, versions_from_rows
 from ..assemble.typed import change_schema, typed_changes
+
+if TYPE_CHECKING:
+    from ..config import TablesConfig
 
 #: Change rows per conversion task: a table with fewer is converted in one task. A Python task
 #: costs about 0.1 s whatever its rows (worker round trip, garbage collection), and the
@@ -103,14 +107,20 @@ def history_of(decoded: DataFrame) -> RelationHistory:
     return history
 
 
-def change_frames(decoded: DataFrame, *, skip_origins: tuple[str, ...] = ()) -> dict[str, DataFrame]:
+def change_frames(decoded: DataFrame, *, skip_origins: tuple[str, ...] = (),
+                  tables: TablesConfig | None = None) -> dict[str, DataFrame]:
     """Typed change DataFrames per table (``schema.table``) of a decoded capture, for notebooks.
 
     Nothing is written; transactions still open at the end of the capture are left out.
+    ``tables`` (the configuration's ``tables``) chooses the tables, ``include`` / ``exclude``,
+    and their columns' types, ``types``, as for the changes job.
     """
+    from ..config import TablesConfig
     from .assemble import assemble
 
+    tables = tables or TablesConfig()
     history = history_of(decoded)
+    history.type_overrides = tables.types
     committed = assemble(decoded, skip_origins=skip_origins).committed
     return {f"{versions[-1].namespace}.{versions[-1].name}": typed_change_frame(committed, oid, history)
-            for oid, versions in history.relations.items()}
+            for oid, versions in history.relations.items() if tables.selected(history.first_name(oid))}

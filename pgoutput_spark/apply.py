@@ -333,9 +333,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             with _step("check the capture holds what the runs read"):
                 rebuild.check_capture(ledger, lo, [history.first_name(oid) for oid in rebuilt])
         relations = [oid for oid in relations if oid not in rebuilt]  # the replay holds their slice too
-        excluded = sorted({history.first_name(oid) for oid in relations
-                           if not tables.selected(history.first_name(oid))})
-        relations = [oid for oid in relations if tables.selected(history.first_name(oid))]
+        relations, excluded = history.selected(relations, tables)
         # Every schema decision before anything is written.
         with _step(f"plan {len(relations)} schemas"):
             plans = {oid: _plan(spark, ledger.root, history, oid, table_path, first_seq.get(oid))
@@ -421,7 +419,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     renamed = tuple(sorted({(history.first_name(oid), min(snapshot_names[oid])) for oid in relations
                             if oid in snapshot_names and history.first_name(oid) not in snapshot_names[oid]}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
-                         redone, duration_s=time.time() - started, excluded=tuple(excluded), replaced=replaced,
+                         redone, duration_s=time.time() - started, excluded=excluded, replaced=replaced,
                          renamed=renamed)
     appended = tuple(path for path, written in ((ledger.relations_path, bool(new_versions)),
                                                 (ledger.quarantine_path, bool(n_bad)),

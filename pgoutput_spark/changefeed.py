@@ -243,16 +243,14 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
             .otherwise(F.array(F.col("change.relation_id")))).alias("relation_id"))
         per_relation = {r["relation_id"]: r["count"]
                         for r in touched.groupBy("relation_id").count().collect()}
-        plans = {}  # every table's schema checked before anything is written
-        excluded: set[str] = set()
         for relation_id in sorted(per_relation):
             if relation_id not in history.relations:
                 first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
                 seq = first[0] if first is not None and first[0] is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
-            if not tables.selected(history.first_name(relation_id)):
-                excluded.add(history.first_name(relation_id))
-                continue
+        chosen, excluded = history.selected(sorted(per_relation), tables)
+        plans = {}  # every table's schema checked before anything is written
+        for relation_id in chosen:
             latest = history.latest(relation_id)
             plans[relation_id] = plan_schema(
                 spark, mirror_path(f"{state.target}/_changes", latest.namespace, latest.name),
@@ -285,4 +283,4 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()), new_files)
-    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=tuple(sorted(excluded)))
+    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=excluded)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ..convert import PgType, arrow_type, override_type, resolve, widens
 from ..decoder.protocol import COLUMN_FLAG_KEY, ReplicaIdentity
 from ..errors import PgoutputSparkError
+
+if TYPE_CHECKING:
+    from ..config import TablesConfig
 
 
 class UnknownRelationError(PgoutputSparkError):
@@ -85,6 +88,18 @@ class RelationHistory:
         mirror go by, whatever renames followed."""
         first = self.relations[relation_id][0]
         return f"{first.namespace}.{first.name}"
+
+    def selected(self, relation_ids: Iterable[int], tables: TablesConfig) -> tuple[list[int], tuple[str, ...]]:
+        """Of ``relation_ids``, those ``tables.include`` / ``exclude`` choose (by `first_name`), in
+        their order, and the names of those left out, sorted."""
+        chosen, excluded = [], set()
+        for relation_id in relation_ids:
+            name = self.first_name(relation_id)
+            if tables.selected(name):
+                chosen.append(relation_id)
+            else:
+                excluded.add(name)
+        return chosen, tuple(sorted(excluded))
 
     def override(self, relation_id: int, column: str, pg_type: PgType) -> pa.DataType | None:
         """The Arrow type ``tables.types`` gives the column (None: its own); `ConfigError` for an

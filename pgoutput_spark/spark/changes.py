@@ -122,5 +122,9 @@ def change_frames(decoded: DataFrame, *, skip_origins: tuple[str, ...] = (),
     history = history_of(decoded)
     history.type_overrides = tables.types
     committed = assemble(decoded, skip_origins=skip_origins).committed
-    return {f"{versions[-1].namespace}.{versions[-1].name}": typed_change_frame(committed, oid, history)
-            for oid, versions in history.relations.items() if tables.selected(history.first_name(oid))}
+    chosen, _ = history.selected(history.relations, tables)
+    frames = {}
+    for oid in chosen:
+        latest = history.latest(oid)
+        frames[f"{latest.namespace}.{latest.name}"] = typed_change_frame(committed, oid, history)
+    return frames

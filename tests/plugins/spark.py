@@ -25,6 +25,13 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         conf={
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
+            # Queries evaluated as they are instead of generating Java code for each, compiling it
+            # (Janino) and JIT-compiling that: on a few rows, most of a warm small run's driver
+            # CPU went there (Java Flight Recorder; benchmarks/README.md "Code generation in small
+            # runs"). Spark's own setting for its tests; it turns whole-stage code generation off
+            # too. The jobs the tests start as processes (spark-submit, the demo) keep Spark's
+            # default, as does a user's session; a test that checks generated code turns it on.
+            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
             "spark.ui.enabled": "false",
             # One JVM runs the whole suite's Delta work; with Spark's 1 GB default heap a MERGE late in
             # the run once failed to build its broadcast table ("Not enough memory to build and broadcast").

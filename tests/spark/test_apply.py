@@ -456,12 +456,14 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
             code = [line for line in capsys.readouterr().out.splitlines() if line.startswith("/*")]
             return rows, code
 
-        adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+        before = {key: spark.conf.get(key) for key in ("spark.sql.adaptive.enabled", "spark.sql.codegen.factoryMode")}
         spark.conf.set("spark.sql.adaptive.enabled", "false")  # its plans show code only once run
+        spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")  # Spark's default; the suite's runs without
         try:
             (one, code_one), (two, code_two) = rows_and_code(1), rows_and_code(2)
         finally:
-            spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+            for key, value in before.items():
+                spark.conf.set(key, value)
         assert code_one and code_one == code_two
         # seq = position in msgs: Begin, Relation, ... (see _first_slice); the truncate is seq 17.
         assert one == [(2, "insert"), (3, "insert"), (10, "update"), (14, "delete"), (17, "truncate")]

@@ -26,11 +26,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
             # Queries evaluated as they are instead of generating Java code for each, compiling it
-            # (Janino) and JIT-compiling that: on a few rows, most of a warm small run's driver
-            # CPU went there (Java Flight Recorder; benchmarks/README.md "Code generation in small
+            # (Janino) and JIT-compiling that, which on a few rows costs more than it saves: warm
+            # small apply runs a fifth shorter (benchmarks/README.md "Code generation in small
             # runs"). Spark's own setting for its tests; it turns whole-stage code generation off
-            # too. The jobs the tests start as processes (spark-submit, the demo) keep Spark's
-            # default, as does a user's session; a test that checks generated code turns it on.
+            # too. The jobs tests start in processes of their own (spark-submit, the S3 scenario)
+            # keep Spark's default, as a user's session does; a test of generated code turns it on.
             "spark.sql.codegen.factoryMode": "NO_CODEGEN",
             "spark.ui.enabled": "false",
             # One JVM runs the whole suite's Delta work; with Spark's 1 GB default heap a MERGE late in

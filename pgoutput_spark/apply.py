@@ -80,7 +80,7 @@ from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release
+from .spark.session import explains_spark_failures, local_frame, release, small_run
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -215,35 +215,39 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
             if remaining:
                 more = f"more of the capture remains after seq {hi} (max_messages {max_messages}): run again"
                 note = more if note is None else f"{note}; {more}"
-    window = canonical.where(F.col("seq") <= hi)
-    if lo is not None:
-        window = window.where(F.col("seq") > lo)
-    with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
-        window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
-            "Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
-            "with seq_gaps='allow' (--allow-seq-gaps)"))
-    run_id = uuid.uuid4().hex
-    with _step("claim the slice"):
-        ledger.claim(lease, run_id, hi)
-    say = progress or (lambda line: None)
-    say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
-        + (" (redoing an interrupted run)" if redone else ""))
-    # Tuples deferred to the table tasks: the run caches and moves one value per change (its
-    # bytes typed as a string, which Spark caches with one copy instead of three).
-    decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,
-                     initially_in_stream=lease.scan.last_stream_xid is not None).persist()
-    # Source column names may differ only in case ("id", "Id"): resolve names exactly while
-    # this run builds and merges its frames (the child sessions copy the setting).
-    case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false")
-    spark.conf.set("spark.sql.caseSensitive", "true")
-    try:
-        result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                      table_path, table_name, tables or TablesConfig(), say, history_path,
-                      _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
-        return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated, landed=landed)
-    finally:
-        spark.conf.set("spark.sql.caseSensitive", case_sensitive)
-        release(decoded)
+    # A small slice's queries run on a few rows each: without generated code (a rebuild reads
+    # the capture from its start).
+    with small_run(spark, hi - (-1 if lo is None or rebuild else lo)):
+        window = canonical.where(F.col("seq") <= hi)
+        if lo is not None:
+            window = window.where(F.col("seq") > lo)
+        with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
+            window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+                "Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
+                "with seq_gaps='allow' (--allow-seq-gaps)"))
+        run_id = uuid.uuid4().hex
+        with _step("claim the slice"):
+            ledger.claim(lease, run_id, hi)
+        say = progress or (lambda line: None)
+        say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
+            + (" (redoing an interrupted run)" if redone else ""))
+        # Tuples deferred to the table tasks: the run caches and moves one value per change (its
+        # bytes typed as a string, which Spark caches with one copy instead of three).
+        decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,
+                         initially_in_stream=lease.scan.last_stream_xid is not None).persist()
+        # Source column names may differ only in case ("id", "Id"): resolve names exactly while
+        # this run builds and merges its frames (the child sessions copy the setting).
+        case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false")
+        spark.conf.set("spark.sql.caseSensitive", "true")
+        try:
+            result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
+                          table_path, table_name, tables or TablesConfig(), say, history_path,
+                          _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
+            return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated,
+                                       landed=landed)
+        finally:
+            spark.conf.set("spark.sql.caseSensitive", case_sensitive)
+            release(decoded)
 
 
 def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns, until_seq: int | None,

@@ -46,7 +46,7 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release
+from .spark.session import explains_spark_failures, local_frame, release, small_run
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp, new_files array<string>")
@@ -197,27 +197,28 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
             return ChangesResult(lo, None, skipped=True, landed=landed)
         if max_messages is not None:
             remaining = canonical.where(F.col("seq") > hi).limit(1).count() > 0
-    window = canonical.where(F.col("seq") <= hi)
-    if lo is not None:
-        window = window.where(F.col("seq") > lo)
-    # Checked before the run is recorded: a bad landing changes nothing.
-    window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
-        "Put the files back; if they are gone, start the change tables over in a new target, or run with "
-        "--allow-seq-gaps (seq_gaps='allow') to go on without them"))
-    if not started:
-        state.record("started", lo if lo is not None else -1, hi, scan_in)
-    decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
-                     positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
-    say = progress or (lambda line: None)
-    say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
-        + (" (redoing an interrupted run)" if started else ""))
-    try:
-        result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files,
-                        tables or TablesConfig())
-        return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
-                                   landed=landed)
-    finally:
-        release(decoded)
+    with small_run(spark, hi - (lo if lo is not None else -1)):  # without generated code (`small_run`)
+        window = canonical.where(F.col("seq") <= hi)
+        if lo is not None:
+            window = window.where(F.col("seq") > lo)
+        # Checked before the run is recorded: a bad landing changes nothing.
+        window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+            "Put the files back; if they are gone, start the change tables over in a new target, or run with "
+            "--allow-seq-gaps (seq_gaps='allow') to go on without them"))
+        if not started:
+            state.record("started", lo if lo is not None else -1, hi, scan_in)
+        decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
+                         positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
+        say = progress or (lambda line: None)
+        say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
+            + (" (redoing an interrupted run)" if started else ""))
+        try:
+            result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files,
+                            tables or TablesConfig())
+            return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
+                                       landed=landed)
+        finally:
+            release(decoded)
 
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,

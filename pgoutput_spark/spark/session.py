@@ -6,7 +6,8 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -344,6 +345,32 @@ def explains_spark_failures(func: Callable[..., T]) -> Callable[..., T]:
             raise explained from exc
 
     return job
+
+
+#: Runs of at most this many messages evaluate their queries without generated code (`small_run`).
+SMALL_RUN_MESSAGES = 5_000
+_CODEGEN_MODE = "spark.sql.codegen.factoryMode"
+
+
+@contextmanager
+def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
+    """Within it, for a run of at most `SMALL_RUN_MESSAGES` ``messages``, Spark evaluates
+    the session's queries without generating Java code for each (Spark's
+    ``spark.sql.codegen.factoryMode`` ``NO_CODEGEN``, which turns whole-stage code
+    generation off too); yields whether it does. A query's code is compiled (Janino, then
+    the JVM's JIT) even when it ran before with other literals, as each run's positions
+    are: on a few rows that costs more than it saves, a fifth of a warm small apply run on
+    2 cores (`benchmarks/README.md`, "Code generation in small runs"). Larger runs, and
+    sessions that set ``spark.sql.codegen.factoryMode`` themselves, keep theirs; the
+    setting is put back afterwards (sessions the run makes meanwhile copy it)."""
+    if messages > SMALL_RUN_MESSAGES or spark.conf.get(_CODEGEN_MODE, None) is not None:
+        yield False
+        return
+    spark.conf.set(_CODEGEN_MODE, "NO_CODEGEN")
+    try:
+        yield True
+    finally:
+        spark.conf.unset(_CODEGEN_MODE)
 
 
 def release(frame: DataFrame) -> None:

@@ -473,6 +473,31 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
         committed.unpersist()
 
 
+@pytest.mark.usefixtures("restore_spark_conf")
+def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark, tmp_path):
+    """`small_run`: the apply and the changes job run a small slice's queries without generated
+    code (the test session sets that itself, so here it is unset first) and leave the session
+    as they found it."""
+    from pgoutput_spark.changefeed import run_changes
+
+    key = "spark.sql.codegen.factoryMode"
+    spark.conf.unset(key)
+    seen = []
+
+    def progress(line):
+        seen.append(spark.conf.get(key, None))
+
+    capture = _frame(spark, _first_slice())
+    run_apply(spark, capture, str(tmp_path / "mirrors"), progress=progress)
+    applied = list(seen)
+    assert spark.conf.get(key, None) is None
+    seen.clear()
+    run_changes(spark, capture, str(tmp_path / "changes"), progress=progress)
+    assert applied and set(applied) == {"NO_CODEGEN"} and seen and set(seen) == {"NO_CODEGEN"}
+    assert spark.conf.get(key, None) is None
+    assert _mirror(spark, str(tmp_path / "mirrors"), "public", "one") == [(1, "x" * 3000), (2, "two")]
+
+
 def test_one_task_gets_null_arrays_and_structs_back_as_they_were(spark):
     """`in_tasks` sends NULL arrays as empty ones with a flag (Spark writes runs of NULL
     arrays to Arrow in quadratic time): the task sees the very rows Spark holds."""

@@ -190,3 +190,25 @@ def test_a_local_session_gets_the_local_file_system_after_the_class_path_chosen_
     # spark-submit's --driver-class-path would win over the setting: no class it cannot load
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-class-path /opt/x.jar pyspark-shell")
     assert session._file_system_settings("local[2]", {}) == {}
+
+
+@pytest.mark.usefixtures("restore_spark_conf")
+def test_a_small_run_turns_generated_code_off_unless_the_session_chose(spark):
+    from pyspark.sql import functions as F
+
+    from pgoutput_spark.spark.session import SMALL_RUN_MESSAGES, small_run
+
+    key = "spark.sql.codegen.factoryMode"
+    spark.conf.unset(key)  # the test session's own choice (tests/plugins/spark.py)
+    with small_run(spark, SMALL_RUN_MESSAGES) as interpreted:
+        assert interpreted and spark.conf.get(key) == "NO_CODEGEN"
+        assert spark.range(4).select((F.col("id") * 2).alias("x")).agg(F.sum("x")).first()[0] == 12
+    assert spark.conf.get(key, None) is None
+    with small_run(spark, SMALL_RUN_MESSAGES + 1) as interpreted:
+        assert not interpreted and spark.conf.get(key, None) is None
+    with pytest.raises(ZeroDivisionError), small_run(spark, 1):
+        1 / 0
+    assert spark.conf.get(key, None) is None  # put back after a failure too
+    spark.conf.set(key, "FALLBACK")  # a session that chose a mode keeps it
+    with small_run(spark, 1) as interpreted:
+        assert not interpreted and spark.conf.get(key) == "FALLBACK"

@@ -80,7 +80,7 @@ from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release, small_run
+from .spark.session import explains_spark_failures, local_frame, release, small_run, temporary_conf
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -237,16 +237,14 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                          initially_in_stream=lease.scan.last_stream_xid is not None).persist()
         # Source column names may differ only in case ("id", "Id"): resolve names exactly while
         # this run builds and merges its frames (the child sessions copy the setting).
-        case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false")
-        spark.conf.set("spark.sql.caseSensitive", "true")
         try:
-            result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                          table_path, table_name, tables or TablesConfig(), say, history_path,
-                          _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
+            with temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
+                result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
+                              table_path, table_name, tables or TablesConfig(), say, history_path,
+                              _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
             return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
-            spark.conf.set("spark.sql.caseSensitive", case_sensitive)
             release(decoded)
 
 

@@ -39,6 +39,7 @@ from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
 from ..spark.files import is_uri
+from ..spark.session import temporary_conf
 from .net import TableSpec
 
 _log = logging.getLogger(__name__)
@@ -315,7 +316,6 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
     changed rows or the schema (an ``UPDATE`` behind the pipeline's back) raises `MirrorConflictError`:
     nothing of it was written, and a re-run redoes the run's slice.
     """
-    conf = session.conf
     settings = {
         # The source is persisted by the caller and deterministic: Delta need not materialize it again.
         "merge.materializeSource": "none",
@@ -323,9 +323,7 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
         "write.txnVersion": str(version),
         "commitInfo.userMetadata": json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True),
     }
-    for key, value in settings.items():
-        conf.set(f"spark.databricks.delta.{key}", value)
-    try:
+    with temporary_conf(session, {f"spark.databricks.delta.{key}": value for key, value in settings.items()}):
         for attempt in range(1, MERGE_ATTEMPTS + 1):
             try:
                 return build().execute()
@@ -344,9 +342,6 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
                 _log.info("%s: a concurrent %s rewrote its files during the MERGE: retrying (%d)",
                           path, operation, attempt)
         raise AssertionError("unreachable")
-    finally:
-        for key in settings:
-            conf.unset(f"spark.databricks.delta.{key}")
 
 
 def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,

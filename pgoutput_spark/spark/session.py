@@ -353,6 +353,25 @@ _CODEGEN_MODE = "spark.sql.codegen.factoryMode"
 
 
 @contextmanager
+def temporary_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Within it, the session's SQL ``settings``; afterwards each is put back as it was
+    (unset where it was not set), whatever happened within. A session made meanwhile
+    by ``newSession`` has SQL settings of its own (the apply's child sessions copy the
+    parent's when they are made)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+@contextmanager
 def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
     """Within it, for a run of at most `SMALL_RUN_MESSAGES` ``messages``, Spark evaluates
     the session's queries without generating Java code for each (Spark's
@@ -363,16 +382,13 @@ def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
     2 cores: 19.0 s instead of 20.8-21.5 s; none at 20,000: `benchmarks/README.md`, "Code
     generation in small runs"). Larger runs, and sessions that set
     ``spark.sql.codegen.factoryMode`` themselves, keep theirs; the setting is put back
-    afterwards (sessions the run makes meanwhile copy it). Another run in the same session
-    at the same time finds it set and leaves it to the first."""
+    afterwards (the run's child sessions copy it when they are made). Another run in the
+    same session at the same time finds it set and leaves it to the first."""
     if messages > SMALL_RUN_MESSAGES or spark.conf.get(_CODEGEN_MODE, None) is not None:
         yield False
         return
-    spark.conf.set(_CODEGEN_MODE, "NO_CODEGEN")
-    try:
+    with temporary_conf(spark, {_CODEGEN_MODE: "NO_CODEGEN"}):
         yield True
-    finally:
-        spark.conf.unset(_CODEGEN_MODE)
 
 
 def release(frame: DataFrame) -> None:

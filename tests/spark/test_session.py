@@ -212,3 +212,19 @@ def test_a_small_run_turns_generated_code_off_unless_the_session_chose(spark):
     spark.conf.set(key, "FALLBACK")  # a session that chose a mode keeps it
     with small_run(spark, 1) as interpreted:
         assert not interpreted and spark.conf.get(key) == "FALLBACK"
+
+
+@pytest.mark.usefixtures("restore_spark_conf")
+def test_temporary_conf_puts_each_setting_back_as_it_was(spark):
+    from pgoutput_spark.spark.session import temporary_conf
+
+    spark.conf.set("spark.sql.caseSensitive", "false")
+    spark.conf.unset("spark.databricks.delta.write.txnAppId")  # a Delta setting outside Spark's registry
+    settings = {"spark.sql.caseSensitive": "true", "spark.databricks.delta.write.txnAppId": "p:t"}
+    with temporary_conf(spark, settings):
+        assert {key: spark.conf.get(key) for key in settings} == settings
+    assert spark.conf.get("spark.sql.caseSensitive") == "false"
+    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    with pytest.raises(ZeroDivisionError), temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
+        1 / 0
+    assert spark.conf.get("spark.sql.caseSensitive") == "false"  # after a failure too

@@ -80,7 +80,7 @@ from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release, small_run, temporary_conf
+from .spark.session import explains_spark_failures, local_frame, release, small_run, temporary_conf, without_codegen
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -168,7 +168,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     started = time.time()
     ledger = Ledger(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
-    with _step("read the lease"):
+    with _step("read the lease"), without_codegen(spark):  # a few rows: the first Delta read of a new JVM
         lease = ledger.lease()
     lo = lease.lo
     with _step("check the capture's new files"):  # before the claim: a bad landing leaves the target as it is

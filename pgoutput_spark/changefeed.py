@@ -46,7 +46,7 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release, small_run
+from .spark.session import explains_spark_failures, local_frame, release, small_run, without_codegen
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp, new_files array<string>")
@@ -173,7 +173,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
-    last, interrupted, files = state.position()
+    with without_codegen(spark):  # one aggregate over the runs' rows: the first Delta read of a new JVM
+        last, interrupted, files = state.position()
     scan_in = ScanState(last["begin_seq"], last["stream_xid"]) if last else ScanState()
     lo = last["hi"] if last else None
     started = interrupted is not None and (lo is None or interrupted["hi"] > lo)

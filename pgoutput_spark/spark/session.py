@@ -372,23 +372,36 @@ def temporary_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator
 
 
 @contextmanager
-def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
-    """Within it, for a run of at most `SMALL_RUN_MESSAGES` ``messages``, Spark evaluates
-    the session's queries without generating Java code for each (Spark's
-    ``spark.sql.codegen.factoryMode`` ``NO_CODEGEN``, which turns whole-stage code
-    generation off too); yields whether it does. A query's code is compiled (Janino, then
-    the JVM's JIT) even when it ran before with other literals, as each run's positions
-    are: on a few rows that costs more than it saves (warm apply runs of 300 messages on
-    2 cores: 19.0 s instead of 20.8-21.5 s; none at 20,000: `benchmarks/README.md`, "Code
-    generation in small runs"). Larger runs, and sessions that set
-    ``spark.sql.codegen.factoryMode`` themselves, keep theirs; the setting is put back
-    afterwards (the run's child sessions copy it when they are made). Another run in the
-    same session at the same time finds it set and leaves it to the first."""
-    if messages > SMALL_RUN_MESSAGES or spark.conf.get(_CODEGEN_MODE, None) is not None:
+def without_codegen(spark: SparkSession) -> Iterator[bool]:
+    """Within it, Spark evaluates the session's queries without generating Java code for
+    each (Spark's ``spark.sql.codegen.factoryMode`` ``NO_CODEGEN``, which turns whole-stage
+    code generation off too), unless the session set ``spark.sql.codegen.factoryMode``
+    itself; yields whether it does. The setting is put back afterwards (the run's child
+    sessions copy it when they are made). Another run in the same session at the same
+    time finds it set and leaves it to the first.
+
+    For queries on a few rows: their code is compiled (Janino, then the JVM's JIT) even
+    when they ran before with other literals, as each run's positions are, which costs
+    more than it saves; most of all in a new JVM (a command-line run's first read of its
+    target: 10.2 s instead of 12.2 s on 2 cores, `benchmarks/README.md`)."""
+    if spark.conf.get(_CODEGEN_MODE, None) is not None:
         yield False
         return
     with temporary_conf(spark, {_CODEGEN_MODE: "NO_CODEGEN"}):
         yield True
+
+
+@contextmanager
+def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
+    """`without_codegen` for a run of at most `SMALL_RUN_MESSAGES` ``messages``; yields
+    whether it applies. Warm apply runs of 300 messages on 2 cores: 19.0 s instead of
+    20.8-21.5 s; none at 20,000 (`benchmarks/README.md`, "Code generation in small
+    runs"). Larger runs keep the session's setting."""
+    if messages > SMALL_RUN_MESSAGES:
+        yield False
+        return
+    with without_codegen(spark) as interpreted:
+        yield interpreted
 
 
 def release(frame: DataFrame) -> None:

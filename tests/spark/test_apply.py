@@ -474,19 +474,29 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
 
 
 @pytest.mark.usefixtures("restore_spark_conf")
-def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark, tmp_path):
+def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark, tmp_path, monkeypatch):
     """`small_run`: the apply and the changes job run a small slice's queries without generated
     code (the test session sets that itself, so here it is unset first) and leave the session
-    as they found it."""
+    as they found it; so do their first reads of the target (`without_codegen`), before the
+    slice's size is known."""
+    from pgoutput_spark import changefeed, ledger
     from pgoutput_spark.changefeed import run_changes
 
     key = "spark.sql.codegen.factoryMode"
     spark.conf.unset(key)
-    seen = []
+    seen, reads = [], []
 
     def progress(line):
         seen.append(spark.conf.get(key, None))
 
+    def noting(method):
+        def read(self, *args):
+            reads.append(spark.conf.get(key, None))
+            return method(self, *args)
+        return read
+
+    monkeypatch.setattr(ledger.Ledger, "lease", noting(ledger.Ledger.lease))
+    monkeypatch.setattr(changefeed._State, "position", noting(changefeed._State.position))
     capture = _frame(spark, _first_slice())
     run_apply(spark, capture, str(tmp_path / "mirrors"), progress=progress)
     applied = list(seen)
@@ -494,6 +504,7 @@ def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark,
     seen.clear()
     run_changes(spark, capture, str(tmp_path / "changes"), progress=progress)
     assert applied and set(applied) == {"NO_CODEGEN"} and seen and set(seen) == {"NO_CODEGEN"}
+    assert reads == ["NO_CODEGEN", "NO_CODEGEN"]  # the lease, the changes job's position
     assert spark.conf.get(key, None) is None
     assert _mirror(spark, str(tmp_path / "mirrors"), "public", "one") == [(1, "x" * 3000), (2, "two")]
 

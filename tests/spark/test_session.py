@@ -196,7 +196,7 @@ def test_a_local_session_gets_the_local_file_system_after_the_class_path_chosen_
 def test_a_small_run_turns_generated_code_off_unless_the_session_chose(spark):
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.spark.session import SMALL_RUN_MESSAGES, small_run
+    from pgoutput_spark.spark.session import SMALL_RUN_MESSAGES, small_run, without_codegen
 
     key = "spark.sql.codegen.factoryMode"
     spark.conf.unset(key)  # the test session's own choice (tests/plugins/spark.py)
@@ -212,6 +212,12 @@ def test_a_small_run_turns_generated_code_off_unless_the_session_chose(spark):
     spark.conf.set(key, "FALLBACK")  # a session that chose a mode keeps it
     with small_run(spark, 1) as interpreted:
         assert not interpreted and spark.conf.get(key) == "FALLBACK"
+    with without_codegen(spark) as interpreted:
+        assert not interpreted and spark.conf.get(key) == "FALLBACK"
+    spark.conf.unset(key)
+    with without_codegen(spark) as interpreted:  # whatever the size
+        assert interpreted and spark.conf.get(key) == "NO_CODEGEN"
+    assert spark.conf.get(key, None) is None
 
 
 @pytest.mark.usefixtures("restore_spark_conf")

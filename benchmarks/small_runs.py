@@ -1,7 +1,7 @@
 """A run's fixed cost: a capture applied in small slices, step by step.
 
     .venv/bin/python benchmarks/small_runs.py [--capture PATH] [--runs 10] [--messages 2000] [--cut-anywhere]
-        [--conf KEY=VALUE ...] [--json PATH]
+        [--new-jvm] [--conf KEY=VALUE ...] [--json PATH]
 
 The capture is `benchmarks/apply.py`'s (pgbench TPC-B and a wide table,
 protocol 1; that script builds it in ``benchmarks/data``). A first run applies
@@ -21,7 +21,10 @@ started meanwhile (``/proc/stat``), most of them the driver JVM's; ``--conf``
 passes a Spark setting, e.g. Hadoop's own ``file:`` file system
 (``spark.hadoop.fs.file.impl=org.apache.hadoop.fs.RawLocalFileSystem`` and
 ``spark.hadoop.fs.AbstractFileSystem.file.impl=org.apache.hadoop.fs.local.RawLocalFs``)
-against the session's default (`pgoutput_spark.spark.localfs`).
+against the session's default (`pgoutput_spark.spark.localfs`). With
+``--new-jvm`` each run is a process of its own with a new Spark session (a new
+JVM), as a command-line, spark-submit or Airflow run is: the session's start
+is timed apart from the run, and the first run's steps count too.
 """
 
 from __future__ import annotations
@@ -98,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="end each run after MESSAGES messages, inside transactions or not")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
+    parser.add_argument("--new-jvm", action="store_true",
+                        help="each run in a process of its own (a new JVM), as command-line runs are")
+    parser.add_argument("--one-run", nargs=2, metavar=("TARGET", "UNTIL_SEQ"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     conf = dict(item.split("=", 1) for item in args.conf)
+    if args.one_run:
+        return _one_run(args.capture, args.one_run[0], int(args.one_run[1]), conf)
     if not args.capture.exists():
         raise SystemExit(f"no capture at {args.capture}: `benchmarks/apply.py --skip-merge` builds it")
 
@@ -133,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("pgoutput_spark.apply")
     logger.setLevel(logging.INFO)
     results: dict[str, Any] = {"machine": machine.as_dict(), "capture": str(args.capture), "cuts": cuts,
-                               "cut_anywhere": args.cut_anywhere, "conf": conf}
+                               "cut_anywhere": args.cut_anywhere, "conf": conf, "new_jvm": args.new_jvm}
+    if args.new_jvm:
+        spark.stop()
+        return _new_jvm_runs(args, cuts, results, argv)
     warm_steps: dict[str, list[float]] = defaultdict(list)
     seconds: list[float] = []
     started_processes: list[int] = []
@@ -166,6 +177,70 @@ def main(argv: list[str] | None = None) -> int:
     results["small_run_step_means"] = means
     print(f"load {format_load(load_average())}")
     spark.stop()
+    return finish(results, argv, args.json)
+
+
+def _one_run(capture_path: Path, target: str, until_seq: int, conf: dict[str, str]) -> int:
+    """One run in this process (``--new-jvm``'s child): prints its figures as one JSON line."""
+    import json
+
+    started = time.perf_counter()
+    from pgoutput_spark.apply import run_apply
+    from pgoutput_spark.capture import read_capture
+    from pgoutput_spark.spark.session import build_spark_session
+
+    spark = build_spark_session(master="local[2]", conf=conf)
+    session = time.perf_counter() - started
+    logger = logging.getLogger("pgoutput_spark.apply")
+    logger.setLevel(logging.INFO)
+    handler = _Steps()
+    logger.addHandler(handler)
+    started = time.perf_counter()
+    result = run_apply(spark, read_capture(spark, str(capture_path)), target, until_seq=until_seq)
+    run = time.perf_counter() - started
+    assert not result.skipped, result
+    print("RESULT " + json.dumps({"session": session, "run": run, "messages": result.messages,
+                                  "tables": len(result.tables), "open_rows": result.open_rows,
+                                  "steps": handler.steps}), flush=True)
+    spark.stop()
+    return 0
+
+
+def _new_jvm_runs(args: argparse.Namespace, cuts: list[int], results: dict[str, Any],
+                  argv: list[str] | None) -> int:
+    import json
+    import subprocess
+
+    conf_args = [f"--conf={item}" for item in args.conf]
+    steps: dict[str, list[float]] = defaultdict(list)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-runs-") as tmp:
+        for k, cut in enumerate(cuts):
+            started = time.perf_counter()
+            child = subprocess.run([sys.executable, __file__, "--capture", str(args.capture), *conf_args,
+                                    "--one-run", tmp, str(cut)], capture_output=True, text=True)
+            elapsed = time.perf_counter() - started
+            lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
+            if child.returncode or not lines:
+                raise SystemExit(f"run {k} failed ({child.returncode}):\n{child.stderr[-4000:]}")
+            run = json.loads(lines[0][len("RESULT "):]) | {"process": elapsed}
+            runs.append(run)
+            for step, value in run["steps"].items():
+                steps[step].append(value)
+            print(f"run {k}: {run['messages']} messages, {run['tables']} tables, {run['open_rows']} open rows "
+                  f"carried over; process {elapsed:.2f} s: session {run['session']:.2f} s, "
+                  f"run {run['run']:.2f} s", flush=True)
+    results["runs"] = runs
+    for what in ("process", "session", "run"):
+        values = [run[what] for run in runs[1:]]  # the first run creates the mirrors
+        print(f"runs after the first, {what}: mean {sum(values) / len(values):.2f} s, "
+              f"min {min(values):.2f} s, max {max(values):.2f} s")
+    print("mean seconds per run (all runs), by step (steps of several tables summed; those a run skips count 0):")
+    means = {step: sum(v) / len(runs) for step, v in steps.items()}
+    for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):
+        print(f"  {mean:6.2f}  {step}")
+    results["step_means"] = means
+    print(f"load {format_load(load_average())}")
     return finish(results, argv, args.json)
 
 

@@ -383,7 +383,8 @@ def without_codegen(spark: SparkSession) -> Iterator[bool]:
     For queries on a few rows: their code is compiled (Janino, then the JVM's JIT) even
     when they ran before with other literals, as each run's positions are, which costs
     more than it saves; most of all in a new JVM (a command-line run's first read of its
-    target: 10.2 s instead of 12.2 s on 2 cores, `benchmarks/README.md`)."""
+    target, the lease: 9.5-9.7 s instead of 11.4-12.0 s on 2 cores, `benchmarks/README.md`,
+    "A run in a new JVM")."""
     if spark.conf.get(_CODEGEN_MODE, None) is not None:
         yield False
         return

@@ -167,17 +167,26 @@ def main(argv: list[str] | None = None) -> int:
     results["run_seconds"] = seconds
     results["run_processes_started"] = started_processes
     warm = seconds[1:]
-    print(f"small runs: {len(warm)}, mean {sum(warm) / len(warm):.2f} s, min {min(warm):.2f} s, "
-          f"max {max(warm):.2f} s; processes and threads started: {sum(started_processes[1:])}")
-    print("mean seconds per small run, by step (steps of several tables summed; those a run skips count 0):")
-    means = {step: sum(v) / len(warm) for step, v in warm_steps.items()}
-    for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):
-        print(f"  {mean:6.2f}  {step}")
+    print(f"small runs: {len(warm)}, {_spread(warm)}; processes and threads started: {sum(started_processes[1:])}")
+    means = _step_means("small run", warm_steps, len(warm))
     results["small_run_mean_seconds"] = sum(warm) / len(warm)
     results["small_run_step_means"] = means
     print(f"load {format_load(load_average())}")
     spark.stop()
     return finish(results, argv, args.json)
+
+
+def _spread(seconds: list[float]) -> str:
+    return f"mean {sum(seconds) / len(seconds):.2f} s, min {min(seconds):.2f} s, max {max(seconds):.2f} s"
+
+
+def _step_means(runs: str, steps: dict[str, list[float]], count: int) -> dict[str, float]:
+    """Prints and returns the mean seconds of each step over ``count`` runs."""
+    print(f"mean seconds per {runs}, by step (steps of several tables summed; those a run skips count 0):")
+    means = {step: sum(values) / count for step, values in steps.items()}
+    for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):
+        print(f"  {mean:6.2f}  {step}")
+    return means
 
 
 def _one_run(capture_path: Path, target: str, until_seq: int, conf: dict[str, str]) -> int:
@@ -231,15 +240,9 @@ def _new_jvm_runs(args: argparse.Namespace, cuts: list[int], results: dict[str, 
                   f"carried over; process {elapsed:.2f} s: session {run['session']:.2f} s, "
                   f"run {run['run']:.2f} s", flush=True)
     results["runs"] = runs
-    for what in ("process", "session", "run"):
-        values = [run[what] for run in runs[1:]]  # the first run creates the mirrors
-        print(f"runs after the first, {what}: mean {sum(values) / len(values):.2f} s, "
-              f"min {min(values):.2f} s, max {max(values):.2f} s")
-    print("mean seconds per run (all runs), by step (steps of several tables summed; those a run skips count 0):")
-    means = {step: sum(v) / len(runs) for step, v in steps.items()}
-    for step, mean in sorted(means.items(), key=lambda kv: -kv[1]):
-        print(f"  {mean:6.2f}  {step}")
-    results["step_means"] = means
+    for what in ("process", "session", "run"):  # the first run creates the mirrors
+        print(f"runs after the first, {what}: {_spread([run[what] for run in runs[1:]])}")
+    results["step_means"] = _step_means("run (all runs)", steps, len(runs))
     print(f"load {format_load(load_average())}")
     return finish(results, argv, args.json)
 

@@ -411,16 +411,35 @@ def append_rows(frame: DataFrame, path: str) -> None:
 
 
 def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False,
-               replace_where: str | None = None) -> None:
+               replace_where: str | None = None, partition_by: tuple[str, ...] = ()) -> None:
     """Append ``frame`` to the Delta table at ``path``, merging new columns into its schema, under
     Delta's transaction identifiers (a redone run writes nothing twice). ``new_table``: the
     write creates the table, with `PROPERTIES`. ``replace_where``: the same commit deletes the
-    rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``)."""
+    rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``).
+    ``partition_by``: the table's partition columns, for a write that creates it (an existing
+    table keeps its own: see `partition_columns`)."""
     writer = (_schema_merging_writer(frame, "append" if replace_where is None else "overwrite")
               .option("txnAppId", app_id).option("txnVersion", version))
     if replace_where is not None:
         writer = writer.option("replaceWhere", replace_where)
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
     _with_properties(writer, new_table).save(path)
+
+
+def txn_replace(frame: DataFrame, path: str, app_id: str, version: int, *,
+                partition_by: tuple[str, ...] = ()) -> None:
+    """Replace the Delta table at ``path`` by ``frame``: its rows, schema and partition columns
+    (``partition_by``), in one commit under Delta's transaction identifiers. ``frame`` may read
+    the table itself (Delta reads the version it had)."""
+    (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .option("txnAppId", app_id).option("txnVersion", version).partitionBy(*partition_by).save(path))
+
+
+def partition_columns(spark: SparkSession, path: str) -> tuple[str, ...]:
+    """The partition columns of the Delta table at ``path`` now (no Spark job)."""
+    columns = _snapshot_now(spark, path).metadata().partitionColumns()
+    return tuple(str(columns.apply(i)) for i in range(columns.size()))
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
@@ -469,7 +488,8 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
 
     For the target's own tables, which runs rewrite (the lease twice a run, ``pending`` once)
     or compact: each rewrite leaves the old file behind, hundreds of thousands of small files
-    after months of runs every few minutes. The files are those Delta's ``VACUUM ... DRY RUN``
+    after months of runs every few minutes; the partition folders those files leave empty go
+    too. The files are those Delta's ``VACUUM ... DRY RUN``
     lists (the same as its ``VACUUM`` deletes); deleted here because Delta's ``VACUUM`` prints
     a line on the JVM's standard output, which the command line's ``--json`` keeps to one
     JSON object. Delta lists the table's directory in a Spark job of
@@ -487,7 +507,16 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
         return 0
     _, fs = hadoop(spark, path)  # the table's files are on its file system
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    return sum(bool(fs.delete(jvm.org.apache.hadoop.fs.Path(name), False)) for name in names)
+    files = [jvm.org.apache.hadoop.fs.Path(name) for name in names]
+    deleted = sum(bool(fs.delete(file, False)) for file in files)
+    # A partitioned table's (``pending``: a partition per run) folders its files left empty, as
+    # Delta's VACUUM deletes them; the table's own folder stays.
+    table = fs.makeQualified(jvm.org.apache.hadoop.fs.Path(path))
+    for folder in {file.getParent().toString(): file.getParent() for file in files}.values():
+        folder = fs.makeQualified(folder)
+        if not folder.equals(table) and fs.exists(folder) and not fs.listStatus(folder):
+            fs.delete(folder, False)
+    return deleted
 
 
 def vacuum_tables(spark: SparkSession, paths: list[str]) -> None:

@@ -511,12 +511,15 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     transaction identifiers (``app_id``, ``hi``: a redone run writes nothing
     twice). A run that saves rows into a table holding some does both in one
     commit, an overwrite of the rows ``_run_hi < lo`` (and ``= hi``, none
-    unless redone), without asking first whether there are any: ``_run_hi``
-    has no statistics, and Delta's search of the files for the overwrite
-    costs what that query would (`benchmarks/README.md`). A run that saves
-    none deletes only where a query finds rows before ``lo``.
+    unless redone). The table is partitioned by ``_run_hi`` (`PARTITIONS`), so
+    Delta finds the rows to delete, and a run the rows to read back, by the
+    partition values in its log, without reading files; a table written
+    without partitions (by a version from before they were) is rewritten with
+    them by the first run that saves rows into it, in that run's one commit. A
+    run that saves none deletes only where a query finds rows before ``lo``.
     """
-    from ..mirroring.delta import path_table, txn_append
+    from ..capture import _is_delta
+    from ..mirroring.delta import partition_columns, path_table, read_current, txn_append, txn_replace
     from .decode import raw_bytes
 
     spark = assembled.scanned.sparkSession
@@ -526,15 +529,28 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     try:
         n_open = rows.count() if rows is not None else 0  # the save then reads the cached rows
         if rows is not None and n_open:
-            replace = lo is not None and _holds_files(spark, path)
-            txn_append(rows, path, app_id, hi,
-                       replace_where=f"_run_hi < {int(lo)} OR _run_hi = {int(hi)}" if replace else None)
+            replaced = None if lo is None else f"_run_hi < {int(lo)} OR _run_hi = {int(hi)}"
+            if not _is_delta(spark, path):
+                txn_append(rows, path, app_id, hi, partition_by=PARTITIONS)
+            elif partition_columns(spark, path) != PARTITIONS:  # the rows it keeps, and this run's
+                kept = read_current(spark, path)
+                if replaced is not None:
+                    kept = kept.where(f"NOT ({replaced})")
+                txn_replace(rows.unionByName(kept, allowMissingColumns=True), path, app_id, hi,
+                            partition_by=PARTITIONS)
+            else:
+                replace = replaced is not None and _holds_files(spark, path)
+                txn_append(rows, path, app_id, hi, replace_where=replaced if replace else None)
         elif lo is not None and _oldest_run_hi(spark, path) < lo:
             spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")
     finally:
         if rows is not None:
             release(rows)
     return n_open
+
+
+#: The partition columns of a target's ``pending`` table (`save_open_rows`).
+PARTITIONS = ("_run_hi",)
 
 
 def _holds_files(spark: SparkSession, path: str) -> bool:
@@ -547,9 +563,10 @@ def _holds_files(spark: SparkSession, path: str) -> bool:
 
 
 def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
-    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row). The
-    column is past the 32 whose statistics Delta keeps, so a query reads it from the files,
-    unless the table's checksum shows it holds none."""
+    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row), unless the
+    table's checksum shows it holds none, by a query: Delta plans it from the partition values
+    (a table from before partitions: from its files, the column being past the 32 whose
+    statistics Delta keeps)."""
     from ..mirroring.delta import path_table
 
     if not _holds_files(spark, path):

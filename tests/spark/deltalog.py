@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from ..plugins.spark import local_path
 
@@ -54,12 +55,16 @@ def recorded_vacuums(monkeypatch: Any, spark: Any) -> list[tuple[str, float]]:
 
 def check_vacuumed(spark: Any, vacuumed: list[tuple[str, float]], rewritten: set[str]) -> None:
     """Each (table path, when) of ``vacuumed`` holds none of the files its commits removed before
-    then, and every file its version now reads; the tables named in ``rewritten`` (directory
-    names) were vacuumed, with files to delete."""
+    then, every file its version now reads, and no partition folder left empty; the tables named
+    in ``rewritten`` (directory names) were vacuumed, with files to delete. Files are compared
+    by their paths in the table (``_run_hi=7/part-....parquet`` in a partitioned one)."""
     assert {Path(path).name for path, _ in vacuumed} >= rewritten, vacuumed
     for path, at in vacuumed:
-        removed = removed_before(path, at)
-        held = {f.name for f in Path(path).glob("*.parquet")}
-        current = {Path(f).name for f in spark.read.format("delta").load(path).inputFiles()}
-        assert (bool(removed) or Path(path).name not in rewritten, removed & held, current <= held) == \
-            (True, set(), True), path
+        root = Path(path)
+        removed = {unquote(f) for f in removed_before(path, at)}
+        held = {f.relative_to(root).as_posix() for f in root.rglob("*.parquet") if "_delta_log" not in f.parts}
+        current = {Path(unquote(urlparse(f).path)).relative_to(root).as_posix()
+                   for f in spark.read.format("delta").load(path).inputFiles()}
+        empty = [d.name for d in root.iterdir() if d.is_dir() and d.name != "_delta_log" and not any(d.iterdir())]
+        assert (bool(removed) or root.name not in rewritten, removed & held, current <= held, empty) == \
+            (True, set(), True, []), path

@@ -558,7 +558,8 @@ def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path
 
 def test_a_transaction_open_over_runs_keeps_only_two_runs_rows_in_pending(spark, tmp_path, monkeypatch):
     """A streamed transaction open across runs: each run saves its rows by its hi and drops those
-    of the runs before its lo, in one pending commit where it does both; a run killed after that
+    of the runs before its lo, in one pending commit where it does both (pending partitioned by
+    the run, one written without partitions rewritten with them); a run killed after that
     commit is redone without writing it again, and the transaction applies once when it ends."""
     root, pending = str(tmp_path / "target"), f"{tmp_path}/target/_pgoutput/pending"
     msgs = [*_txn(700, 1000, ONE, b.insert(1, _t(1, "a"))), b.stream_start(800, True),
@@ -574,7 +575,13 @@ def test_a_transaction_open_over_runs_keeps_only_two_runs_rows_in_pending(spark,
         return result
 
     r1 = run([])
+    assert mirror_delta.partition_columns(spark, pending) == ("_run_hi",)
+    # As a target from before pending was partitioned: the next run's save partitions it.
+    spark.read.format("delta").load(pending).write.format("delta").mode("overwrite") \
+        .option("overwriteSchema", "true").save(pending)
+    assert mirror_delta.partition_columns(spark, pending) == ()
     r2 = run([b.stream_start(800, False), b.insert(1, _t(3, "s2"), xid=800), b.stream_stop()])
+    assert mirror_delta.partition_columns(spark, pending) == ("_run_hi",)
     before = commits(pending)
     _crash(monkeypatch, job, "_finish")
     with pytest.raises(RuntimeError, match="killed in _finish"):

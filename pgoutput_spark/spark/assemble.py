@@ -563,10 +563,9 @@ def _holds_files(spark: SparkSession, path: str) -> bool:
 
 
 def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
-    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row), unless the
-    table's checksum shows it holds none, by a query: Delta plans it from the partition values
-    (a table from before partitions: from its files, the column being past the 32 whose
-    statistics Delta keeps)."""
+    """The smallest ``_run_hi`` saved at ``path`` (infinity for no table, or no row): a query,
+    unless the table's checksum shows it holds no file (a run that saves rows needs none: its
+    overwrite finds the rows to delete itself)."""
     from ..mirroring.delta import path_table
 
     if not _holds_files(spark, path):

@@ -519,7 +519,7 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     run that saves none deletes only where a query finds rows before ``lo``.
     """
     from ..capture import _is_delta
-    from ..mirroring.delta import partition_columns, path_table, read_current, txn_append, txn_replace
+    from ..mirroring.delta import file_count, partition_columns, path_table, read_current, txn_append, txn_replace
     from .decode import raw_bytes
 
     spark = assembled.scanned.sparkSession
@@ -538,8 +538,8 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
                     kept = kept.where(f"NOT ({replaced})")
                 txn_replace(rows.unionByName(kept, allowMissingColumns=True), path, app_id, hi,
                             partition_by=PARTITIONS)
-            else:
-                replace = replaced is not None and _holds_files(spark, path)
+            else:  # the table exists: whether it may hold rows is its checksum's file count (`_holds_files`)
+                replace = replaced is not None and file_count(spark, path) != 0
                 txn_append(rows, path, app_id, hi, replace_where=replaced if replace else None)
         elif lo is not None and _oldest_run_hi(spark, path) < lo:
             spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")

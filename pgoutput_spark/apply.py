@@ -5,7 +5,8 @@ Layout under the target root::
     <root>/<schema>/<table>/        one mirror per source table (`mirroring.delta.mirror_path`)
     <root>/_runs/                   one row per finished run (Delta; `status` prints it)
     <root>/_pgoutput/lease/         the pipeline's position, the run holding it and the capture
-                                    files the last run saw (one row)
+                                    files the runs before it saw (one row; the holder's end is
+                                    in its ``_runs`` row once it has finished)
     <root>/_pgoutput/relations/     the Relation / Type messages that changed a schema (not
                                     their repeats, one per walsender session)
     <root>/_pgoutput/pending/       rows of transactions still open at the end of a run (the
@@ -19,11 +20,12 @@ run conflicts on that commit, or finds the lease moved, and fails with
 `ConcurrentRunError`); then, before anything is written, checks every
 mirror's schema against its source; then merges each table once (tables in
 parallel), each MERGE carrying ``txnAppId`` = ``<pipeline>:relation:<oid>``
-and ``txnVersion`` = the run's last applied commit LSN; then saves relations,
-open transactions and the run row (compacting ``_runs`` and the other tables it
-appends to when they hold many files), and releases the lease. A run that dies
-half-way leaves the lease ``running``: the next run redoes exactly that
-slice, and Delta skips the merges that already committed.
+and ``txnVersion`` = the run's last applied commit LSN; then saves relations
+and open transactions, compacts ``_runs`` and the other tables it appends to
+when they hold many files, and appends its run row, which hands the lease back
+(the row records the run's end; the next claim writes it into the lease). A
+run that dies before its row leaves the lease ``running`` with no row: the next
+run redoes exactly that slice, and Delta skips the merges that already committed.
 """
 
 from __future__ import annotations
@@ -426,7 +428,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
     appended = tuple(path for path, written in ((ledger.relations_path, bool(new_versions)),
                                                 (ledger.quarantine_path, bool(n_bad)),
                                                 (ledger.skipped_path, any(t.skipped for t in results))) if written)
-    with _step("save the run; release the lease"):
+    with _step("save the run (hands the lease back)"):
         _finish(ledger, run_id, result, assembled.end_state, lease, started, landed, appended)
     return result
 
@@ -757,16 +759,25 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,
             started: float, landed: Landed, appended: tuple[str, ...]) -> None:
-    """Append the run's row to ``_runs`` and release the lease; before that, compact ``_runs``
-    and the other tables of the target's own the run ``appended`` to when they hold many files
-    (`compact_files`: each run adds one) and, when ``_runs`` was compacted (every
-    `LEDGER_MAX_FILES` runs), vacuum the target's own tables (`vacuum_tables`)."""
+    """Append the run's row to ``_runs``, which hands the lease back (`Ledger.lease`). Before
+    it, while the run holds the lease: compact ``_runs`` and the other tables of the target's
+    own the run ``appended`` to when they hold many files (`compact_files`: each run adds one)
+    and, when ``_runs`` was compacted (every `LEDGER_MAX_FILES` runs), vacuum the target's own
+    tables (`vacuum_tables`). A run that redid an interrupted one also releases the lease by an
+    UPDATE: its row may be the interrupted run's own, recorded before rows handed the lease
+    back, and Delta skips the append."""
     spark = ledger.spark
+    for path in appended:
+        compact_files(spark, path)
+    if compact_files(spark, ledger.runs_path, adding=1):  # the files the runs' rewrites and compactions left
+        vacuum_tables(spark, ledger.own_tables())
     tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
                t.status) for t in result.tables]
+    applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
+    lease_end = (end.last_begin_seq, end.last_stream_xid, applied, list(landed.gone_files))
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
-            tables, None, None, result.duration_s, list(landed.new_files))]
+            tables, None, None, result.duration_s, list(landed.new_files), lease_end)]
     frame = local_frame(spark, row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None
@@ -774,10 +785,5 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs:rebuild:{run_id}", 0)
     else:
         txn_append(frame, ledger.runs_path, f"{ledger.pipeline}:runs", result.hi)
-    runs_compacted = compact_files(spark, ledger.runs_path)
-    for path in appended:
-        compact_files(spark, path)
-    if runs_compacted:  # every so many runs: the files the runs' rewrites and compactions left behind
-        vacuum_tables(spark, ledger.own_tables())
-    applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
-    ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))
+    if result.redone:
+        ledger.release(run_id, result.hi, end, applied, (landed.new_files, landed.gone_files))

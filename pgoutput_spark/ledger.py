@@ -2,7 +2,8 @@
 
 Under the target root (the full layout is in `pgoutput_spark.apply`'s docstring):
 ``_pgoutput/lease`` (one row per pipeline: its position, the run holding it, the
-capture files the last run saw), ``_runs`` (one row per finished run),
+capture files the runs before it saw), ``_runs`` (one row per finished run; the row
+of the run holding the lease hands it back: see `Ledger.lease`),
 ``_pgoutput/relations``, ``_pgoutput/pending``, ``_pgoutput/quarantine``,
 ``_pgoutput/skipped`` and ``_pgoutput/snapshots`` (what `slot.snapshot` copied).
 """
@@ -31,10 +32,12 @@ LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long
                 "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>")
 TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
                 "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
+#: What a run's ``_runs`` row records for the lease it hands back (null in rows from before).
+LEASE_END = "struct<scan_begin:long, scan_xid:long, applied_lsn:long, gone_files:array<string>>"
 RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
                f"to_lsn long, messages long, transactions long, quarantined_messages long, "
                f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
-               f"finished_at timestamp, duration_s double, new_files array<string>")
+               f"finished_at timestamp, duration_s double, new_files array<string>, lease_end {LEASE_END}")
 
 
 #: Rows a relations table may hold beyond the versions its history keeps before a run rewrites it.
@@ -50,6 +53,9 @@ class Lease:
     scan: ScanState
     applied_lsn: int | None
     files: frozenset[str] | None = None  # the capture files the last finished run saw
+    # The capture files (new, gone) of the finished run whose ``_runs`` row handed the lease
+    # back: the next claim writes its end into the lease row (`Ledger.claim`).
+    handed_back: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
 
 class Ledger:
@@ -114,8 +120,29 @@ class Ledger:
                                      f"the target belongs to another pipeline")
         r = rows[0]
         files = r.asDict().get("files")  # None: no run recorded them (or a lease from before they were)
-        return Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
-                     r["applied_lsn"], None if files is None else frozenset(files))
+        lease = Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
+                      r["applied_lsn"], None if files is None else frozenset(files))
+        return self._handed_back(lease) if lease.status == "running" else lease
+
+    def _handed_back(self, lease: Lease) -> Lease:
+        """``lease`` as the ``_runs`` row of the run holding it left it: a run hands the lease back
+        by that row (one commit less than updating the lease), recording its end there; the next
+        claim writes that end into the lease row. Without such a row (or one from before rows
+        recorded their end) the run died: the lease stays ``running``, and the next run redoes it."""
+        if not _is_delta(self.spark, self.runs_path):
+            return lease
+        runs = self.spark.read.format("delta").load(self.runs_path)
+        if "lease_end" not in runs.columns:
+            return lease
+        rows = runs.where((F.col("pipeline") == self.pipeline) & (F.col("run_id") == lease.run_id)
+                          & F.col("lease_end").isNotNull()).select("hi_seq", "new_files", "lease_end").collect()
+        if not rows:
+            return lease
+        hi, new, end = rows[0]
+        new, gone = tuple(new or ()), tuple(end["gone_files"] or ())
+        files = (lease.files or frozenset()).difference(gone) | set(new)  # as the claim will record them
+        return Lease(lease.run_id, "idle", hi, hi, ScanState(end["scan_begin"], end["scan_xid"]),
+                     end["applied_lsn"], files, (new, gone))
 
     def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
         sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
@@ -134,12 +161,24 @@ class Ledger:
                                      f"could {what}; re-run when it has finished")
 
     def claim(self, lease: Lease, run_id: str, hi: int) -> None:
-        self._update({"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
-                      "started_at": "current_timestamp()"}, lease.run_id, "claim its slice")
+        """Take the lease from ``lease``'s holder for the slice up to ``hi``: one conditional UPDATE,
+        which also writes the end of the run that handed it back by its ``_runs`` row (`lease`)."""
+        sets = {"run_id": sql_literal(run_id), "status": "'running'", "hi": str(hi),
+                "started_at": "current_timestamp()"}
+        if lease.handed_back is not None:
+            assert lease.lo is not None
+            sets.update(self._end(lease.lo, lease.scan, lease.applied_lsn, lease.handed_back))
+        self._update(sets, lease.run_id, "claim its slice")
 
     def release(self, run_id: str, hi: int, end: ScanState, applied_lsn: int | None,
                 files: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> None:
-        """Hand the lease back at ``hi``; ``files``: (new, gone) capture files since the last run's."""
+        """Hand the lease back at ``hi`` by an UPDATE (a run's ``_runs`` row does it otherwise:
+        `lease`); ``files``: (new, gone) capture files since the last run's."""
+        self._update({"status": "'idle'", **self._end(hi, end, applied_lsn, files)}, run_id, "record its end")
+
+    def _end(self, hi: int, end: ScanState, applied_lsn: int | None,
+             files: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, str]:
+        """The lease's assignments for a run that ended at ``hi``."""
         new, gone = files
         if not self._lease_has_files:
             self._lease_has_files = True
@@ -147,10 +186,9 @@ class Ledger:
         seen = "coalesce(files, CAST(array() AS array<string>))"
         if gone:
             seen = f"array_except({seen}, {_string_array(gone)})"
-        self._update({"status": "'idle'", "lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
-                      "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
-                      "files": f"array_union({seen}, {_string_array(new)})"},
-                     run_id, "record its end")
+        return {"lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
+                "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
+                "files": f"array_union({seen}, {_string_array(new)})"}
 
     def own_tables(self) -> list[str]:
         """The paths of the target's own Delta tables that exist (the lease, ``_runs``, ...)."""

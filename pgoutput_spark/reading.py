@@ -97,12 +97,13 @@ def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, run
         finished = spark.read.format("delta").load(ledger.runs_path).where(F.col("pipeline") == pipeline)
         order = ("hi_seq", "finished_at")  # a run that only rebuilds ends where the run before it did
         if runs is None:
-            rows = [r.asDict(recursive=True) for r in finished.orderBy(*order).drop("new_files").collect()]
+            rows = [r.asDict(recursive=True)
+                    for r in finished.orderBy(*order).drop("new_files", "lease_end").collect()]
             for run in rows:  # the path of a table's latest run
                 for t in run["tables"] or []:
                     mirrors[t["table"]] = (t["path"], 0)
         else:  # three small Spark jobs, at once: each is mostly the driver's planning
-            latest = finished.orderBy(*map(F.desc, order)).limit(runs).drop("new_files")
+            latest = finished.orderBy(*map(F.desc, order)).limit(runs).drop("new_files", "lease_end")
             paths = finished.select("hi_seq", F.explode("tables").alias("t")).groupBy("t.table").agg(
                 F.max_by("t.path", "hi_seq").alias("path"))
             with ThreadPoolExecutor(max_workers=3) as pool:

@@ -470,12 +470,13 @@ def file_count(spark: SparkSession, path: str) -> int | None:
 LEDGER_MAX_FILES = 50
 
 
-def compact_files(spark: SparkSession, path: str, max_files: int | None = None) -> bool:
+def compact_files(spark: SparkSession, path: str, max_files: int | None = None, *, adding: int = 0) -> bool:
     """``OPTIMIZE`` the Delta table at ``path`` when its checksum counts more than ``max_files``
-    files (`LEDGER_MAX_FILES` by default); return whether it did. The rows stay as they are, and
-    so do the table's transaction identifiers."""
+    files (`LEDGER_MAX_FILES` by default) with the ``adding`` files a write about to follow will
+    add; return whether it did. The rows stay as they are, and so do the table's transaction
+    identifiers."""
     files = file_count(spark, path)
-    if files is None or files <= (LEDGER_MAX_FILES if max_files is None else max_files):
+    if files is None or files + adding <= (LEDGER_MAX_FILES if max_files is None else max_files):
         return False
     spark.sql(f"OPTIMIZE {path_table(path)}").collect()
     return True
@@ -486,7 +487,7 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
     table's retention (``delta.deletedFileRetentionDuration``, 7 days by default) reads; return
     how many.
 
-    For the target's own tables, which runs rewrite (the lease twice a run, ``pending`` once)
+    For the target's own tables, which runs rewrite (the lease and ``pending`` once a run)
     or compact: each rewrite leaves the old file behind, hundreds of thousands of small files
     after months of runs every few minutes; the partition folders those files leave empty go
     too. The files are those Delta's ``VACUUM ... DRY RUN``

@@ -14,6 +14,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import apply as job
 from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
+from pgoutput_spark.ledger import LEASE_SCHEMA, Ledger
 from pgoutput_spark.mirroring import delta as mirror_delta
 from pgoutput_spark.mirroring import rows as mirror_rows
 from pgoutput_spark.mirroring.delta import SchemaChangeError
@@ -311,17 +312,55 @@ def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(sp
         return run_apply(spark, read_capture(spark, str(landing)), root)
 
     run("part-00000.parquet")
-    lease_path = f"{root}/_pgoutput/lease"
-    old = spark.read.format("delta").load(lease_path).drop("files")
-    old = spark.createDataFrame(old.collect(), old.schema)
+    lease_path, lease = f"{root}/_pgoutput/lease", Ledger(spark, root, "default").lease()
+    # The lease as a run of before left it: released (idle) by an UPDATE, without the files.
+    old = spark.createDataFrame([("default", lease.run_id, "idle", lease.lo, lease.hi, lease.scan.last_begin_seq,
+                                  lease.scan.last_stream_xid, lease.applied_lsn, None)],
+                                LEASE_SCHEMA.replace(", files array<string>", ""))
     old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(lease_path)
     second = run("part-00001.parquet")
     assert (len(second.landed.new_files), second.landed.late_rows) == (2, 0)
-    recorded = spark.read.format("delta").load(lease_path).first()["files"]
-    assert sorted(Path(f).name for f in recorded) == ["part-00000.parquet", "part-00001.parquet"]
+    both = ["part-00000.parquet", "part-00001.parquet"]
+    # The second run's `_runs` row hands the lease back with them; the third run's claim writes them.
+    assert sorted(Path(f).name for f in Ledger(spark, root, "default").lease().files) == both
     third = run("0-retried.parquet", "part-00002.parquet")
     assert (third.landed.late_rows, third.landed.unread) == (183, 0)  # the first file's rows, read by run 1
     assert third.hi == 1808 and third.messages == 73
+    assert sorted(Path(f).name for f in spark.read.format("delta").load(lease_path).first()["files"]) == both
+
+
+def test_a_run_row_hands_the_lease_back_and_an_interrupted_run_from_before_that_is_redone_once(spark, tmp_path):
+    """A finished run leaves the lease row `running` under its id and records its end in its
+    `_runs` row; the next claim writes that end into the lease. A `_runs` row without it (a run
+    of an earlier version that died after its row, before releasing the lease) is an interrupted
+    run: redone once (Delta skips the row's append, so the redo releases the lease by an UPDATE)."""
+    root = str(tmp_path / "target")
+    first, capture = _frame(spark, _first_slice()), _frame(spark, _first_slice() + _second_slice())
+    one = run_apply(spark, first, root)
+    lease_path, runs_path = f"{root}/_pgoutput/lease", f"{root}/_runs"
+    (row,) = spark.read.format("delta").load(lease_path).collect()
+    (run,) = spark.read.format("delta").load(runs_path).collect()
+    assert (row["status"], row["run_id"], row["lo"], row["hi"]) == ("running", run["run_id"], None, one.hi)
+    assert run["lease_end"]["applied_lsn"] == one.to_lsn == status(spark, root).read_point
+    st = status(spark, root)
+    assert (st.running, st.position) == (False, one.hi)
+    two = run_apply(spark, capture, root)
+    assert (two.lo, two.redone) == (one.hi, False)
+    (row,) = spark.read.format("delta").load(lease_path).collect()  # the second claim wrote the first's end
+    assert (row["status"], row["lo"], row["applied_lsn"]) == ("running", one.hi, one.to_lsn)
+    # As an earlier version left a run that died between its row and the lease's release.
+    old = spark.read.format("delta").load(runs_path).drop("lease_end")
+    old = spark.createDataFrame(old.collect(), old.schema)
+    old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(runs_path)
+    assert status(spark, root).running
+    redo = run_apply(spark, capture, root)
+    assert (redo.lo, redo.hi, redo.redone) == (one.hi, two.hi, True)
+    assert spark.read.format("delta").load(lease_path).first()["status"] == "idle"
+    assert run_apply(spark, capture, root).skipped
+    st = status(spark, root)
+    assert (st.running, st.position, st.read_point, len(st.runs)) == (False, two.hi, two.to_lsn, 2)
+    assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+    assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
 
 
 def test_two_runs_at_once_serialize_or_one_fails_clearly(spark, tmp_path):

@@ -528,7 +528,7 @@ class PhaseClock:
                  ("schema plans, relations write", first("_plan")),
                  ("tables: convert, pre-image, net change, MERGE (in parallel)", first("_mirror_table")),
                  ("open transactions, counts", last("_mirror_table")),
-                 ("run row, lease release", first("_finish")), ("", ended)]
+                 ("run row (hands the lease back)", first("_finish")), ("", ended)]
         known = [(label, t) for label, t in marks if t is not None]
         out = [(label, end - start) for (label, start), (_, end) in zip(known, known[1:])]
         merges = {e[1]: e[3] - e[2] for e in self.events if e[0] == "merge"}

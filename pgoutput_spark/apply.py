@@ -286,9 +286,8 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         # Saved: those that change a relation's schema (most repeat it, one per walsender session).
         new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]
     with _step("assemble transactions"):
-        pending = ledger.pending(lo)
-        tuples = carries_tuples(pending)
-        assembled = assemble(decoded, lease.scan, pending=pending, skip_origins=skip_origins)
+        assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
+        tuples = carries_tuples(assembled.pending)
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()

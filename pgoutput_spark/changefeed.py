@@ -233,9 +233,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
     if new_versions:
         txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
                    f"{state.pipeline}:relations", hi)
-    pending = state.pending(lo)
-    tuples = carries_tuples(pending)
-    assembled = assemble(decoded, scan_in, pending=pending, skip_origins=skip_origins)
+    assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins)
+    tuples = carries_tuples(assembled.pending)
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}
     try:

@@ -121,6 +121,8 @@ class Assembled:
     ledger: Ledger
     end_state: ScanState
     scanned: DataFrame  # persisted (unless `decode` added the positions): call `release` when done
+    # The previous run's open rows as `assemble` was given them: persisted where ``scanned`` is not.
+    pending: DataFrame | None = None
 
     @property
     def may_leave_open(self) -> bool:
@@ -130,6 +132,8 @@ class Assembled:
 
     def release(self) -> None:
         release(self.scanned)
+        if self.pending is not None:
+            release(self.pending)
 
 
 @dataclass(frozen=True)
@@ -391,10 +395,14 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     messages = decoded.where(F.col("error").isNull())
     scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit)
     decoded_columns = [c for c in decoded.columns if c not in POSITION_COLUMNS]
-    if pending is not None:  # saved with ``raw`` binary; the run's may carry it as a string
+    positioned = set(POSITION_COLUMNS) <= set(decoded.columns)  # then ``scanned`` reads ``decoded`` (cached)
+    if pending is not None:
+        if positioned:  # read once: Delta lists the table's files again for each plan that reads it
+            pending = pending.persist()
+        # Saved with ``raw`` binary; the run's may carry it as a string.
         scanned = scanned.unionByName(pending.select(
             *(F.col(c).cast(scanned.schema["raw"].dataType).alias(c) if c == "raw" else c for c in scanned.columns)))
-    if not set(POSITION_COLUMNS) <= set(decoded.columns):  # else its uses read ``decoded`` (cached)
+    if not positioned:
         scanned = scanned.persist()
     controls = _controls(scanned)
     first_changes = _first_changes(scanned, controls)
@@ -474,7 +482,7 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
         "seq", "message.*", "commit_lsn", "commit_ts").unionByName(
         non_transactional.select("seq", "message.*", F.lit(None).cast("long").alias("commit_lsn"),
                                  F.lit(None).cast("timestamp").alias("commit_ts")))
-    return Assembled(committed, open_rows, messages_out, ledger, end, scanned)
+    return Assembled(committed, open_rows, messages_out, ledger, end, scanned, pending)
 
 
 def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:

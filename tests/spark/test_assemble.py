@@ -244,3 +244,33 @@ def test_saved_open_rows_read_stay_as_read_while_cached_and_the_table_is_written
         assert saved_open_rows(spark, path, 7).count() == 5  # a new read sees the write
     finally:
         release(read)
+
+
+@pytest.mark.parametrize("positions", [True, False], ids=["decode", "scan"])
+def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp_path, positions):
+    """Where `decode` found the positions, the scanned messages are not cached, and each plan built
+    on them would read the pending Delta table again (Delta listing its files each time): the rows
+    read back are cached instead. Where the scan finds them, the scanned messages (those rows
+    with them) are cached. Either is released with the rest."""
+    from pgoutput_spark.spark.assemble import save_open_rows, saved_open_rows
+
+    from ..decoder import builders as b
+
+    row = b.tuple_data(("t", b"1"))
+    data = [b.stream_start(9, True), b.relation(1, "public", "t", "d", [(1, "id", 23, -1)], xid=9),
+            b.insert(1, row, xid=9), b.stream_stop(),
+            b.begin(1, 0, 3), b.relation(1, "public", "t", "d", [(1, "id", 23, -1)]), b.insert(1, row),
+            b.commit(1, 2, 0), b.stream_commit(9, 5, 6, 0)]
+    frame = spark.createDataFrame([(i, i, bytearray(d)) for i, d in enumerate(data)],
+                                  "seq long, lsn long, data binary")
+    first = assemble(decode(frame.where("seq < 5"), positions=ScanState()))
+    path = str(tmp_path / "pending")
+    assert save_open_rows(first, path, "test:pending", None, 4) == 4  # the stream's three rows, the Begin
+    second = assemble(decode(frame.where("seq >= 5"), positions=first.end_state if positions else None),
+                      first.end_state, pending=saved_open_rows(spark, path, 4))
+    try:
+        assert (second.pending.is_cached, second.scanned.is_cached) == (positions, not positions)
+        assert sorted(r["seq"] for r in second.committed.collect()) == [2, 6]  # the stream's, the block's
+    finally:
+        second.release()
+    assert not second.pending.is_cached and not second.scanned.is_cached

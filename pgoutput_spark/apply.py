@@ -287,7 +287,11 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]
     with _step("assemble transactions"):
         assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
-        tuples = carries_tuples(assembled.pending)
+        try:
+            tuples = carries_tuples(assembled.pending)
+        except BaseException:  # the try below releases it from here on
+            assembled.release()
+            raise
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()

@@ -234,7 +234,11 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
                    f"{state.pipeline}:relations", hi)
     assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins)
-    tuples = carries_tuples(assembled.pending)
+    try:
+        tuples = carries_tuples(assembled.pending)
+    except BaseException:  # the try below releases it from here on
+        assembled.release()
+        raise
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}
     try:

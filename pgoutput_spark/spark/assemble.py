@@ -404,6 +404,18 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
             *(F.col(c).cast(scanned.schema["raw"].dataType).alias(c) if c == "raw" else c for c in scanned.columns)))
     if not positioned:
         scanned = scanned.persist()
+    try:
+        return _assembled(spark, scanned, pending, end, begins, decoded_columns, skip_origins)
+    except BaseException:  # nothing cached stays behind a failed run (a notebook's session goes on)
+        release(scanned)
+        if pending is not None:
+            release(pending)
+        raise
+
+
+def _assembled(spark: SparkSession, scanned: DataFrame, pending: DataFrame | None, end: ScanState,
+               begins: int, decoded_columns: list[str], skip_origins: tuple[str, ...]) -> Assembled:
+    """`assemble`'s plans on the ``scanned`` messages (the previous run's ``pending`` among them)."""
     controls = _controls(scanned)
     first_changes = _first_changes(scanned, controls)
     ledger = resolve(controls, first_changes)

@@ -177,6 +177,11 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     assert status(spark, root).read_point == 5000
 
 
+def _nothing_cached(spark):
+    """Whether the session caches no frame: a killed run's must not stay (a notebook goes on in it)."""
+    return spark._jsparkSession.sharedState().cacheManager().isEmpty()
+
+
 def _crash(monkeypatch, target, name, *, on_call=1):
     """Make ``target.name`` raise on its ``on_call``-th call."""
     real = getattr(target, name)
@@ -211,6 +216,7 @@ def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path,
         _crash(m, module, name, on_call=on_call)
         with pytest.raises(RuntimeError, match="killed"):
             run_apply(spark, capture, root, parallelism=1)
+    assert _nothing_cached(spark)
     assert status(spark, root).running
     redo = run_apply(spark, capture, root)
     assert redo.redone and (redo.lo is None) is not existing
@@ -590,8 +596,13 @@ def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path
     saved = spark.read.format("delta").load(f"{root}/_pgoutput/pending").where("message_type = 'insert'")
     assert [(r["raw"], r["change"]["new_tuple"] is not None) for r in saved.collect()] == [(None, True)] * 2
     monkeypatch.undo()
+    with monkeypatch.context() as m:  # killed where it looks at the rows read back (cached then)
+        _crash(m, job, "carries_tuples")
+        with pytest.raises(RuntimeError, match="killed"):
+            run_apply(spark, _frame(spark, opened + rest), root)
+    assert _nothing_cached(spark)
     later = run_apply(spark, _frame(spark, opened + rest), root)
-    assert later.transactions == 1
+    assert later.redone and later.transactions == 1
     assert _mirror(spark, root, "public", "one") == [(1, "uno"), (3, "three")]
 
 

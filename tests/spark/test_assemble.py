@@ -247,11 +247,12 @@ def test_saved_open_rows_read_stay_as_read_while_cached_and_the_table_is_written
 
 
 @pytest.mark.parametrize("positions", [True, False], ids=["decode", "scan"])
-def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp_path, positions):
+def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp_path, monkeypatch, positions):
     """Where `decode` found the positions, the scanned messages are not cached, and each plan built
     on them would read the pending Delta table again (Delta listing its files each time): the rows
     read back are cached instead. Where the scan finds them, the scanned messages (those rows
-    with them) are cached. Either is released with the rest."""
+    with them) are cached. Either is released with the rest, or by `assemble` itself when it fails."""
+    from pgoutput_spark.spark import assemble as assemble_module
     from pgoutput_spark.spark.assemble import save_open_rows, saved_open_rows
 
     from ..decoder import builders as b
@@ -266,8 +267,18 @@ def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp
     first = assemble(decode(frame.where("seq < 5"), positions=ScanState()))
     path = str(tmp_path / "pending")
     assert save_open_rows(first, path, "test:pending", None, 4) == 4  # the stream's three rows, the Begin
-    second = assemble(decode(frame.where("seq >= 5"), positions=first.end_state if positions else None),
-                      first.end_state, pending=saved_open_rows(spark, path, 4))
+    later = decode(frame.where("seq >= 5"), positions=first.end_state if positions else None)
+    pending = saved_open_rows(spark, path, 4)
+
+    def killed(*args):
+        raise RuntimeError("killed after caching")
+
+    with monkeypatch.context() as m:  # an assembly that fails leaves nothing cached
+        m.setattr(assemble_module, "_controls", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            assemble(later, first.end_state, pending=pending)
+    assert not pending.is_cached and spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    second = assemble(later, first.end_state, pending=pending)
     try:
         assert (second.pending.is_cached, second.scanned.is_cached) == (positions, not positions)
         assert sorted(r["seq"] for r in second.committed.collect()) == [2, 6]  # the stream's, the block's

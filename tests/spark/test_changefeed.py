@@ -299,6 +299,7 @@ def test_a_run_killed_before_its_end_is_redone_without_duplicates(spark, tmp_pat
     monkeypatch.setattr(changefeed._State, "record", crash_at_finish)
     with pytest.raises(RuntimeError, match="killed"):
         run_changes(spark, capture, target)
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()  # nothing the run cached stays
     monkeypatch.setattr(changefeed._State, "record", real_record)
     written = _tables(spark, target)
     assert written == _tables(spark, clean)  # the tables were written before the "crash"

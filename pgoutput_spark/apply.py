@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .assemble.typed import change_schema
+from .assemble.typed import change_schema, typed_changes
 from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message, slice_messages
 from .config import TablesConfig
 from .errors import ConfigError
@@ -76,7 +76,16 @@ from .mirroring.delta import (
 )
 from .mirroring.history import history_frame, merge_history, plan_history
 from .mirroring.net import TableSpec
-from .mirroring.rows import NET_TASK_ROWS, converted_net_frame, moved_buckets, net_frame, net_tasks, pre_image
+from .mirroring.rows import (
+    LOCAL_NET_ROWS,
+    NET_TASK_ROWS,
+    converted_net_frame,
+    local_converted_net,
+    moved_buckets,
+    net_frame,
+    net_tasks,
+    pre_image,
+)
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
@@ -707,17 +716,24 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                                           history_app_id, to_lsn, metadata, tasks, moved)
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
-        if fused:
+        summary = None
+        if fused and n_changes <= LOCAL_NET_ROWS:  # a few rows: on the driver, no task
+            with _step(f"{name}: convert, net change on the driver"):
+                net, summary = local_converted_net(
+                    relation_rows(committed, oid, tuples=tuples),
+                    lambda batch: typed_changes(batch, oid, history, arrow_schema), spec, arrow_schema)
+        elif fused:
             net = _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples).persist()
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, typed, spec) if looks_up else None
             net = net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
         try:
-            with _step(f"{name}: convert, pre-image, net change"):
-                summary = {r["_action"]: r for r in net.groupBy("_action").agg(
-                    F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
-                    F.sum("_deleted").alias("del")).collect()}
+            if summary is None:
+                with _step(f"{name}: convert, pre-image, net change"):
+                    summary = {r["_action"]: r.asDict() for r in net.groupBy("_action").agg(
+                        F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
+                        F.sum("_deleted").alias("del")).collect()}
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
             if n_skipped:

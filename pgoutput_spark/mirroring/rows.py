@@ -130,6 +130,31 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
         run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
 
 
+#: Change rows of a table's run up to which `local_converted_net` converts and nets them on the
+#: driver (a mirror that an append writes: no pre-image, no history, one task).
+LOCAL_NET_ROWS = 10_000
+
+
+def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+                        spec: TableSpec, arrow_schema: pa.Schema) -> tuple[DataFrame, dict[str, dict[str, int]]]:
+    """`converted_net_frame` on the driver, for a table with a few change rows: one collect of
+    ``changes`` (cached rows) as Arrow, the same conversion and net change here, and the result
+    as a local relation that the JVM holds (its write reads it without a task). A small run
+    writing many tables saves each a Python task and the job that counted its net change.
+
+    Returns the frame and its summary by ``_action``: ``n`` rows, ``ins`` and ``del`` (the
+    sums of ``_inserted`` and ``_deleted``), as the caller's aggregate of the task's frame.
+    """
+    table = pa.Table.from_batches(converted(changes.toArrow().to_batches(), convert), schema=arrow_schema)
+    net = net_changes(table, spec)
+    summary = {r["_action"]: {"n": r["_action_count"], "ins": r["_inserted_sum"], "del": r["_deleted_sum"]}
+               for r in net.group_by("_action").aggregate(
+                   [("_action", "count"), ("_inserted", "sum"), ("_deleted", "sum")]).to_pylist()}
+    frame = changes.sparkSession.createDataFrame(
+        net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
+    return frame, summary
+
+
 def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
              compute: Callable[[pa.Table], pa.Table], *, spec: TableSpec | None = None, tasks: int = 1,
              moved: list[tuple[int, int]] | None = None) -> DataFrame:

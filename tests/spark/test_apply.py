@@ -212,6 +212,7 @@ def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path,
     before = 0
     if existing:  # the mirrors exist before the run that is killed
         before = sum(t.inserted for t in run_apply(spark, _frame(spark, _first_slice()), root).tables)
+    spark.catalog.clearCache()  # what other tests left: the check below is about this run's
     with monkeypatch.context() as m:
         _crash(m, module, name, on_call=on_call)
         with pytest.raises(RuntimeError, match="killed"):
@@ -237,6 +238,29 @@ def _third_slice():
               b.update(2, _t("dup", 8), _t("dup", 7), old_kind="O")),
         *_txn(706, 7000, b.update(1, _t(22, "changed"))),  # found by its new key: in the moved row's task
     ]
+
+
+def test_a_few_change_rows_are_netted_on_the_driver_and_more_in_a_task(spark, tmp_path, monkeypatch, caplog):
+    """A table written by an append (no pre-image, no history) with at most `LOCAL_NET_ROWS` change
+    rows is converted and netted on the driver, more in a Python task: the same rows, counts and
+    skipped changes either way (unchanged TOAST, a multiset update, a delete of a missing row)."""
+    import logging
+
+    done = {}
+    for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):
+        monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
+        root = str(tmp_path / where)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+            result = run_apply(spark, _frame(spark, _first_slice()), root)
+        on_driver = [r.getMessage().split(":")[0] for r in caplog.records if "on the driver" in r.getMessage()]
+        assert sorted(on_driver) == (["Mixed Case.t/wo", "public.one"] if where == "driver" else [])
+        assert _mirror(spark, root, "public", "one") == [(1, "x" * 3000), (2, "two")]
+        assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 1), ("dup", 2), ("other", 5)]
+        skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq").collect()
+        done[where] = ([(t.table, t.inserted, t.updated, t.deleted, t.skipped) for t in result.tables],
+                       sorted(map(tuple, skipped)))
+    assert done["driver"] == done["task"] and done["driver"][0][0][4] == 1, done  # public.one's missing row
 
 
 def test_a_net_change_spread_over_tasks_by_key_gives_the_same_tables(spark, tmp_path):
@@ -461,8 +485,10 @@ def test_a_small_tables_changes_are_converted_in_one_task(spark, monkeypatch):
     msgs = [*_txn(1, 1000, rel, *[b.insert(5, _t(i)) for i in range(20)]),
             *_txn(2, 2000, *[b.update(5, _t(i)) for i in range(10)])]
     decoded = decode(_frame(spark, msgs).repartition(3)).persist()
+    assembled = []  # released at the end: nothing stays cached for the tests after this one
     try:
-        committed = assemble(decoded).committed
+        assembled.append(assemble(decoded))
+        committed = assembled[0].committed
         history = changes.history_of(decoded)
         every = changes.typed_change_frame(committed, 5, history)
         assert every.rdd.getNumPartitions() > 1
@@ -475,12 +501,15 @@ def test_a_small_tables_changes_are_converted_in_one_task(spark, monkeypatch):
         # The apply job's decode defers the tuples to the conversion: the same typed rows, and
         # no struct or array column (their NULLs are slow to write as Arrow) reaches the task.
         deferred = decode(_frame(spark, msgs).repartition(3), tuples=False)
-        later = assemble(deferred).committed
+        assembled.append(assemble(deferred))
+        later = assembled[1].committed
         task_types = {f.dataType.typeName() for f in changes.relation_rows(later, 5, tuples=False).schema}
         assert not task_types & {"struct", "array", "map"}, task_types
         assert sorted(map(repr, changes.typed_change_frame(later, 5, history, tuples=False).collect())) == \
             sorted(map(repr, every.collect()))
     finally:
+        for done in assembled:
+            done.release()
         decoded.unpersist()
 
 
@@ -596,6 +625,7 @@ def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path
     saved = spark.read.format("delta").load(f"{root}/_pgoutput/pending").where("message_type = 'insert'")
     assert [(r["raw"], r["change"]["new_tuple"] is not None) for r in saved.collect()] == [(None, True)] * 2
     monkeypatch.undo()
+    spark.catalog.clearCache()  # what other tests left: the check below is about this run's
     with monkeypatch.context() as m:  # killed where it looks at the rows read back (cached then)
         _crash(m, job, "carries_tuples")
         with pytest.raises(RuntimeError, match="killed"):

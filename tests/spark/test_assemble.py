@@ -273,6 +273,7 @@ def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp
     def killed(*args):
         raise RuntimeError("killed after caching")
 
+    spark.catalog.clearCache()  # what other tests left: the check below is about this assembly's
     with monkeypatch.context() as m:  # an assembly that fails leaves nothing cached
         m.setattr(assemble_module, "_controls", killed)
         with pytest.raises(RuntimeError, match="killed"):

@@ -131,7 +131,8 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
 
 #: Change rows of a table's run up to which `local_converted_net` converts and nets them on the
-#: driver (a mirror that an append writes: no pre-image, no history, one task).
+#: driver (a run with no update or delete of the table to look up, no history, one task:
+#: a new mirror, or inserts only, appended or merged).
 LOCAL_NET_ROWS = 10_000
 
 

@@ -241,7 +241,7 @@ def _third_slice():
 
 
 def test_a_few_change_rows_are_netted_on_the_driver_and_more_in_a_task(spark, tmp_path, monkeypatch, caplog):
-    """A table written by an append (no pre-image, no history) with at most `LOCAL_NET_ROWS` change
+    """A table with nothing to look up (no update or delete, no history) and at most `LOCAL_NET_ROWS` change
     rows is converted and netted on the driver, more in a Python task: the same rows, counts and
     skipped changes either way (unchanged TOAST, a multiset update, a delete of a missing row)."""
     import logging

@@ -734,7 +734,7 @@ def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
         spark.sql(f"DROP NAMESPACE IF EXISTS {database} CASCADE")
 
 
-def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, tmp_path):
+def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, tmp_path, monkeypatch):
     """``tables.exclude`` leaves a table out; ``tables.keys`` keys a FULL-identity table;
     ``tables.types`` keeps a numeric column holding NaN as its text."""
     from pgoutput_spark.config import TablesConfig
@@ -757,9 +757,11 @@ def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, 
     # Without the override the NaN cannot be a decimal: the run stops, naming the column.
     from pgoutput_spark.errors import TypeConversionError
 
-    other = str(tmp_path / "other")
-    with pytest.raises(TypeConversionError, match=r"public\.price\.amount"):  # raised in a task, recovered
-        run_apply(spark, _frame(spark, msgs), other, tables=TablesConfig(include=("public.price",)))
+    for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):  # a few rows: on the driver
+        monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
+        other = str(tmp_path / f"other-{where}")
+        with pytest.raises(TypeConversionError, match=r"public\.price\.amount"):  # in a task: recovered
+            run_apply(spark, _frame(spark, msgs), other, tables=TablesConfig(include=("public.price",)))
 
 
 def test_a_key_override_for_a_table_with_a_key_fails_before_anything_is_written(spark, tmp_path):

@@ -151,8 +151,10 @@ def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
     summary = {r["_action"]: {"n": r["_action_count"], "ins": r["_inserted_sum"], "del": r["_deleted_sum"]}
                for r in net.group_by("_action").aggregate(
                    [("_action", "count"), ("_inserted", "sum"), ("_deleted", "sum")]).to_pylist()}
+    # One partition, as the task's: a local relation is spread over the default parallelism,
+    # which would write a few rows into as many files.
     frame = changes.sparkSession.createDataFrame(
-        net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
+        net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True)).coalesce(1)
     return frame, summary
 
 

@@ -257,6 +257,9 @@ def test_a_few_change_rows_are_netted_on_the_driver_and_more_in_a_task(spark, tm
         assert sorted(on_driver) == (["Mixed Case.t/wo", "public.one"] if where == "driver" else [])
         assert _mirror(spark, root, "public", "one") == [(1, "x" * 3000), (2, "two")]
         assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 1), ("dup", 2), ("other", 5)]
+        files = [len(spark.read.format("delta").load(mirror_delta.mirror_path(root, *t)).inputFiles())
+                 for t in (("public", "one"), ("Mixed Case", "t/wo"))]
+        assert files == [1, 1], files  # a few rows in one file, not one per core
         skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq").collect()
         done[where] = ([(t.table, t.inserted, t.updated, t.deleted, t.skipped) for t in result.tables],
                        sorted(map(tuple, skipped)))

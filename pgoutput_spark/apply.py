@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .assemble.typed import change_schema, typed_changes
+from .assemble.typed import change_schema
 from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message, slice_messages
 from .config import TablesConfig
 from .errors import ConfigError
@@ -89,7 +89,7 @@ from .mirroring.rows import (
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
-from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, converter, relation_rows, typed_change_frame
+from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, local_frame, release, small_run, temporary_conf, without_codegen
 
@@ -296,11 +296,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
         new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]
     with _step("assemble transactions"):
         assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
-        try:
-            tuples = carries_tuples(assembled.pending)
-        except BaseException:  # the try below releases it from here on
-            assembled.release()
-            raise
+    tuples = assembled.pending_tuples
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
@@ -716,24 +712,19 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                                           history_app_id, to_lsn, metadata, tasks, moved)
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
-        summary = None
         if fused and n_changes <= LOCAL_NET_ROWS:  # a few rows: on the driver, no task
             with _step(f"{name}: convert, net change on the driver"):
                 net, summary = local_converted_net(
                     relation_rows(committed, oid, tuples=tuples),
-                    lambda batch: typed_changes(batch, oid, history, arrow_schema), spec, arrow_schema)
+                    converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema)
         elif fused:
-            net = _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples).persist()
+            net, summary = _summarized(
+                name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, typed, spec) if looks_up else None
-            net = net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
+            net, summary = _summarized(name, net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved))
         try:
-            if summary is None:
-                with _step(f"{name}: convert, pre-image, net change"):
-                    summary = {r["_action"]: r.asDict() for r in net.groupBy("_action").agg(
-                        F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
-                        F.sum("_deleted").alias("del")).collect()}
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
             if n_skipped:
@@ -774,6 +765,21 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     finally:
         if typed is not None:
             release(typed)
+
+
+def _summarized(name: str, net: DataFrame) -> tuple[DataFrame, dict[str, dict[str, int]]]:
+    """``net`` persisted, and its summary by ``_action`` (the job that computes it): ``n`` rows,
+    ``ins`` and ``del`` (the sums of ``_inserted`` and ``_deleted``), as `local_converted_net`'s.
+    Released again if that job fails."""
+    net = net.persist()
+    try:
+        with _step(f"{name}: convert, pre-image, net change"):
+            return net, {r["_action"]: r.asDict() for r in net.groupBy("_action").agg(
+                F.count(F.lit(1)).alias("n"), F.sum("_inserted").alias("ins"),
+                F.sum("_deleted").alias("del")).collect()}
+    except BaseException:
+        release(net)
+        raise
 
 
 def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, lease: Lease,

@@ -44,7 +44,7 @@ from .mirroring.delta import (
     vacuum_tables,
 )
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
-from .spark.changes import CHANGE_ROW_COLUMNS, carries_tuples, typed_change_frame
+from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import explains_spark_failures, local_frame, release, small_run, without_codegen
 
@@ -234,11 +234,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
                    f"{state.pipeline}:relations", hi)
     assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins)
-    try:
-        tuples = carries_tuples(assembled.pending)
-    except BaseException:  # the try below releases it from here on
-        assembled.release()
-        raise
+    tuples = assembled.pending_tuples
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}
     try:

@@ -123,6 +123,9 @@ class Assembled:
     scanned: DataFrame  # persisted (unless `decode` added the positions): call `release` when done
     # The previous run's open rows as `assemble` was given them: persisted where ``scanned`` is not.
     pending: DataFrame | None = None
+    # Some of ``pending`` hold their decoded tuples (``change``) where ``raw`` is NULL: saved by
+    # versions before the deferred tuples; the tasks then need ``change`` (`relation_rows`).
+    pending_tuples: bool = False
 
     @property
     def may_leave_open(self) -> bool:
@@ -131,9 +134,13 @@ class Assembled:
         return self.end_state.last_begin_seq is not None or self.ledger.leaves_open
 
     def release(self) -> None:
-        release(self.scanned)
-        if self.pending is not None:
-            release(self.pending)
+        _release(self.scanned, self.pending)
+
+
+def _release(scanned: DataFrame, pending: DataFrame | None) -> None:
+    release(scanned)
+    if pending is not None:
+        release(pending)
 
 
 @dataclass(frozen=True)
@@ -405,12 +412,19 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     if not positioned:
         scanned = scanned.persist()
     try:
-        return _assembled(spark, scanned, pending, end, begins, decoded_columns, skip_origins)
+        assembled = _assembled(spark, scanned, pending, end, begins, decoded_columns, skip_origins)
+        assembled.pending_tuples = _carries_tuples(pending)
+        return assembled
     except BaseException:  # nothing cached stays behind a failed run (a notebook's session goes on)
-        release(scanned)
-        if pending is not None:
-            release(pending)
+        _release(scanned, pending)
         raise
+
+
+def _carries_tuples(pending: DataFrame | None) -> bool:
+    """Whether saved open-transaction rows hold decoded tuples (``change``) where ``raw`` is NULL
+    (`Assembled.pending_tuples`): versions before `decode`'s deferred tuples saved them so."""
+    return pending is not None and pending.where(
+        F.col("message_type").isin("insert", "update", "delete") & F.col("raw").isNull()).limit(1).count() > 0
 
 
 def _assembled(spark: SparkSession, scanned: DataFrame, pending: DataFrame | None, end: ScanState,

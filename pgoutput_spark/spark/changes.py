@@ -52,16 +52,6 @@ def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True
     ).select(*TASK_COLUMNS, *(["change"] if tuples else []))
 
 
-def carries_tuples(pending: DataFrame | None) -> bool:
-    """Whether saved open-transaction rows hold decoded tuples (``change``) where `raw` is NULL.
-
-    Versions before the deferred tuples (`decode` with ``tuples=False``) saved them so; the
-    run that reads them back must pass ``change`` to its tasks (`relation_rows`' ``tuples``).
-    """
-    return pending is not None and pending.where(
-        F.col("message_type").isin("insert", "update", "delete") & F.col("raw").isNull()).limit(1).count() > 0
-
-
 def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,
                        columns: list[tuple[str, pa.DataType]] | None = None,
                        rows: int | None = None, tuples: bool = True) -> DataFrame:
@@ -89,8 +79,12 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
 
 
 def converter(spark: SparkSession, relation_id: int, history: RelationHistory,
-              schema: pa.Schema) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-    """A function for Python tasks: a batch of `relation_rows` to typed change rows (``schema``)."""
+              schema: pa.Schema, *, local: bool = False) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    """A function for Python tasks: a batch of `relation_rows` to typed change rows (``schema``).
+
+    ``local``: for the driver itself, which reads ``history`` where it is (no broadcast)."""
+    if local:
+        return lambda batch: typed_changes(batch, relation_id, history, schema)
     shared = spark.sparkContext.broadcast(history)
 
     def convert(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -18,6 +18,7 @@ from pgoutput_spark.ledger import LEASE_SCHEMA, Ledger
 from pgoutput_spark.mirroring import delta as mirror_delta
 from pgoutput_spark.mirroring import rows as mirror_rows
 from pgoutput_spark.mirroring.delta import SchemaChangeError
+from pgoutput_spark.spark import assemble as spark_assemble
 
 from ..decoder import builders as b
 from .deltalog import commits
@@ -630,7 +631,7 @@ def test_open_transactions_saved_with_decoded_tuples_still_apply(spark, tmp_path
     monkeypatch.undo()
     spark.catalog.clearCache()  # what other tests left: the check below is about this run's
     with monkeypatch.context() as m:  # killed where it looks at the rows read back (cached then)
-        _crash(m, job, "carries_tuples")
+        _crash(m, spark_assemble, "_carries_tuples")
         with pytest.raises(RuntimeError, match="killed"):
             run_apply(spark, _frame(spark, opened + rest), root)
     assert _nothing_cached(spark)
@@ -763,8 +764,10 @@ def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, 
     for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):  # a few rows: on the driver
         monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
         other = str(tmp_path / f"other-{where}")
+        spark.catalog.clearCache()  # what other tests left: the check below is about this run's
         with pytest.raises(TypeConversionError, match=r"public\.price\.amount"):  # in a task: recovered
             run_apply(spark, _frame(spark, msgs), other, tables=TablesConfig(include=("public.price",)))
+        assert _nothing_cached(spark)  # nor the net change that failed
 
 
 def test_a_key_override_for_a_table_with_a_key_fails_before_anything_is_written(spark, tmp_path):

@@ -274,15 +274,17 @@ def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp
         raise RuntimeError("killed after caching")
 
     spark.catalog.clearCache()  # what other tests left: the check below is about this assembly's
-    with monkeypatch.context() as m:  # an assembly that fails leaves nothing cached
-        m.setattr(assemble_module, "_controls", killed)
-        with pytest.raises(RuntimeError, match="killed"):
-            assemble(later, first.end_state, pending=pending)
-    assert not pending.is_cached and spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    for step in ("_controls", "_carries_tuples"):  # its plans, its look at the rows read back
+        with monkeypatch.context() as m:  # an assembly that fails leaves nothing cached
+            m.setattr(assemble_module, step, killed)
+            with pytest.raises(RuntimeError, match="killed"):
+                assemble(later, first.end_state, pending=pending)
+        assert not pending.is_cached and spark._jsparkSession.sharedState().cacheManager().isEmpty()
     second = assemble(later, first.end_state, pending=pending)
     try:
         assert (second.pending.is_cached, second.scanned.is_cached) == (positions, not positions)
         assert sorted(r["seq"] for r in second.committed.collect()) == [2, 6]  # the stream's, the block's
+        assert second.pending_tuples  # `decode` decoded the tuples (its default): saved in ``change``, not ``raw``
     finally:
         second.release()
     assert not second.pending.is_cached and not second.scanned.is_cached

@@ -694,9 +694,11 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
     tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
-    # Nothing to look up, no history, one task: convert and net in it (see `converted_net_frame`).
+    # No history, one task, a few rows: convert, look up and net on the driver. Otherwise
+    # nothing to look up, no history, one task: convert and net in it (`converted_net_frame`).
+    local = past is None and tasks == 1 and n_changes <= LOCAL_NET_ROWS
     fused = not looks_up and past is None and tasks == 1
-    typed = None if fused else typed_change_frame(  # read more than once
+    typed = None if fused or local else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
         moved: list[tuple[int, int]] = []
@@ -712,11 +714,12 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                                           history_app_id, to_lsn, metadata, tasks, moved)
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
-        if fused and n_changes <= LOCAL_NET_ROWS:  # a few rows: on the driver, no task
-            with _step(f"{name}: convert, net change on the driver"):
+        if local:  # a few rows: on the driver, no task
+            with _step(f"{name}: convert, pre-image, net change on the driver"):
                 net, summary = local_converted_net(
                     relation_rows(committed, oid, tuples=tuples),
-                    converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema)
+                    converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema,
+                    look_up=(lambda rows: pre_image(session, plan.path, rows, spec)) if looks_up else None)
         elif fused:
             net, summary = _summarized(
                 name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))

@@ -131,29 +131,41 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
 
 #: Change rows of a table's run up to which `local_converted_net` converts and nets them on the
-#: driver (a run with no update or delete of the table to look up, no history, one task:
-#: a new mirror, or inserts only, appended or merged).
+#: driver (a run with no history of the table to write and one net-change task: most tables of
+#: a small run, whether they look rows up in their mirror or not).
 LOCAL_NET_ROWS = 10_000
 
 
 def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
-                        spec: TableSpec, arrow_schema: pa.Schema) -> tuple[DataFrame, dict[str, dict[str, int]]]:
+                        spec: TableSpec, arrow_schema: pa.Schema, *,
+                        look_up: Callable[[DataFrame], DataFrame] | None = None,
+                        ) -> tuple[DataFrame, dict[str, dict[str, int]]]:
     """`converted_net_frame` on the driver, for a table with a few change rows: one collect of
     ``changes`` (cached rows) as Arrow, the same conversion and net change here, and the result
     as a local relation that the JVM holds (its write reads it without a task). A small run
     writing many tables saves each a Python task and the job that counted its net change.
 
+    ``look_up``: for a table whose updates and deletes look rows up in its mirror, the
+    function from its typed change rows to those rows (`pre_image`); they are collected in one
+    job, and netted with the change rows as `net_frame` nets them in a task.
+
     Returns the frame and its summary by ``_action``: ``n`` rows, ``ins`` and ``del`` (the
     sums of ``_inserted`` and ``_deleted``), as the caller's aggregate of the task's frame.
     """
+    spark = changes.sparkSession
     table = pa.Table.from_batches(converted(changes.toArrow().to_batches(), convert), schema=arrow_schema)
+    if look_up is not None:  # the typed rows as a local relation, for the keys the mirror is read for
+        typed = spark.createDataFrame(table, from_arrow_schema(arrow_schema, prefer_timestamp_ntz=True))
+        # Positional names: "a.b" is a column name here, not a field.
+        pre = look_up(typed).toDF(*_positional(arrow_schema).names).toArrow()
+        table = pa.concat_tables([table, pa.Table.from_arrays(pre.columns, schema=arrow_schema)])
     net = net_changes(table, spec)
     summary = {r["_action"]: {"n": r["_action_count"], "ins": r["_inserted_sum"], "del": r["_deleted_sum"]}
                for r in net.group_by("_action").aggregate(
                    [("_action", "count"), ("_inserted", "sum"), ("_deleted", "sum")]).to_pylist()}
     # One partition, as the task's: a local relation is spread over the default parallelism,
     # which would write a few rows into as many files.
-    frame = changes.sparkSession.createDataFrame(
+    frame = spark.createDataFrame(
         net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True)).coalesce(1)
     return frame, summary
 

@@ -241,10 +241,11 @@ def _third_slice():
     ]
 
 
-def test_a_few_change_rows_are_netted_on_the_driver_and_more_in_a_task(spark, tmp_path, monkeypatch, caplog):
-    """A table with nothing to look up (no update or delete, no history) and at most `LOCAL_NET_ROWS` change
-    rows is converted and netted on the driver, more in a Python task: the same rows, counts and
-    skipped changes either way (unchanged TOAST, a multiset update, a delete of a missing row)."""
+def test_a_few_change_rows_are_looked_up_and_netted_on_the_driver(spark, tmp_path, monkeypatch, caplog):
+    """A table with no history and at most `LOCAL_NET_ROWS` change rows is converted, looked up in
+    its mirror and netted on the driver, more in Python tasks: the same rows, counts and skipped
+    changes either way (unchanged TOAST, a multiset update, a delete of a missing row; then
+    updates and deletes of the mirrors' rows, a key moved with its TOAST value, truncates)."""
     import logging
 
     done = {}
@@ -262,9 +263,21 @@ def test_a_few_change_rows_are_netted_on_the_driver_and_more_in_a_task(spark, tm
                  for t in (("public", "one"), ("Mixed Case", "t/wo"))]
         assert files == [1, 1], files  # a few rows in one file, not one per core
         skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq").collect()
-        done[where] = ([(t.table, t.inserted, t.updated, t.deleted, t.skipped) for t in result.tables],
-                       sorted(map(tuple, skipped)))
-    assert done["driver"] == done["task"] and done["driver"][0][0][4] == 1, done  # public.one's missing row
+        counts = [[(t.table, t.inserted, t.updated, t.deleted, t.skipped) for t in result.tables]]
+        for slices, expected in (((_first_slice, _second_slice), (EXPECTED_ONE, EXPECTED_TWO)),
+                                 ((_first_slice, _second_slice, _third_slice),
+                                  ([(22, "changed")], [("dup", 7), ("dup", 8)]))):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+                later = run_apply(spark, _frame(spark, [m for part in slices for m in part()]), root)
+            on_driver = [r.getMessage().split(":")[0] for r in caplog.records if "on the driver" in r.getMessage()]
+            assert sorted(on_driver) == (["Mixed Case.t/wo", "public.one"] if where == "driver" else [])
+            assert (_mirror(spark, root, "public", "one"), _mirror(spark, root, "Mixed Case", "t/wo")) == expected
+            counts.append([(t.table, t.inserted, t.updated, t.deleted, t.skipped, t.truncated)
+                           for t in later.tables])
+        done[where] = (counts, sorted(map(tuple, skipped)))
+    assert done["driver"] == done["task"] and done["driver"][0][0][0][4] == 1, done  # public.one's missing row
+    assert [t[4] for t in done["driver"][0][1]] == [0, 0]  # the moved key's TOAST value found on the driver
 
 
 def test_a_net_change_spread_over_tasks_by_key_gives_the_same_tables(spark, tmp_path):
@@ -525,7 +538,8 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
     from pgoutput_spark.spark.decode import decode
 
     msgs = [*_first_slice(), *_txn(702, 3000, b.truncate([1, 2]), b.insert(2, _t("new", 1)))]
-    committed = assemble(decode(_frame(spark, msgs), tuples=False)).committed.persist()
+    assembled = assemble(decode(_frame(spark, msgs), tuples=False))
+    committed = assembled.committed.persist()
     try:
         def rows_and_code(oid):
             frame = changes.relation_rows(committed, oid, tuples=False)
@@ -549,6 +563,7 @@ def test_every_tables_change_rows_come_from_one_compiled_filter(spark, capsys):
                        (13, "delete"), (17, "truncate"), (18, "insert")]
     finally:
         committed.unpersist()
+        assembled.release()  # its scanned messages, cached: nothing stays for the tests after
 
 
 @pytest.mark.usefixtures("restore_spark_conf")

@@ -147,7 +147,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     ``net_task_rows``: a table with more change rows in the run than this has its
     net change (and history) spread over ``ceil(rows / net_task_rows)`` tasks by
     key (where updates move rows between keys, some tasks may get fewer rows and
-    others more); below it, one task nets the table's rows.
+    others more); below it, one task nets the table's rows, or the driver itself
+    for a table with at most `LOCAL_NET_ROWS` change rows and no history.
 
     ``progress`` hears one line per stage: the slice, transactions and tables
     found, each table written (the command line prints them on stderr).

@@ -1,6 +1,7 @@
 """A run's rows for a mirror, in Spark: the mirror's pre-image of the keys the run looks up, and
 the net change per key (`pgoutput_spark.mirroring.net`) computed in Arrow tasks, in one task or
-spread over tasks by key bucket (`NET_TASK_ROWS`). `delta` writes what comes out.
+spread over tasks by key bucket (`NET_TASK_ROWS`), or on the driver for a table with a few
+change rows (`LOCAL_NET_ROWS`). `delta` writes what comes out.
 """
 
 from __future__ import annotations

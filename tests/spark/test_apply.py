@@ -248,34 +248,30 @@ def test_a_few_change_rows_are_looked_up_and_netted_on_the_driver(spark, tmp_pat
     updates and deletes of the mirrors' rows, a key moved with its TOAST value, truncates)."""
     import logging
 
+    runs = [((_first_slice,), ([(1, "x" * 3000), (2, "two")], [("dup", 1), ("dup", 2), ("other", 5)])),
+            ((_first_slice, _second_slice), (EXPECTED_ONE, EXPECTED_TWO)),
+            ((_first_slice, _second_slice, _third_slice), ([(22, "changed")], [("dup", 7), ("dup", 8)]))]
     done = {}
     for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):
         monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
         root = str(tmp_path / where)
-        caplog.clear()
-        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
-            result = run_apply(spark, _frame(spark, _first_slice()), root)
-        on_driver = [r.getMessage().split(":")[0] for r in caplog.records if "on the driver" in r.getMessage()]
-        assert sorted(on_driver) == (["Mixed Case.t/wo", "public.one"] if where == "driver" else [])
-        assert _mirror(spark, root, "public", "one") == [(1, "x" * 3000), (2, "two")]
-        assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 1), ("dup", 2), ("other", 5)]
-        files = [len(spark.read.format("delta").load(mirror_delta.mirror_path(root, *t)).inputFiles())
-                 for t in (("public", "one"), ("Mixed Case", "t/wo"))]
-        assert files == [1, 1], files  # a few rows in one file, not one per core
-        skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq").collect()
-        counts = [[(t.table, t.inserted, t.updated, t.deleted, t.skipped) for t in result.tables]]
-        for slices, expected in (((_first_slice, _second_slice), (EXPECTED_ONE, EXPECTED_TWO)),
-                                 ((_first_slice, _second_slice, _third_slice),
-                                  ([(22, "changed")], [("dup", 7), ("dup", 8)]))):
+        counts = []
+        for slices, expected in runs:
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
-                later = run_apply(spark, _frame(spark, [m for part in slices for m in part()]), root)
+                result = run_apply(spark, _frame(spark, [m for part in slices for m in part()]), root)
             on_driver = [r.getMessage().split(":")[0] for r in caplog.records if "on the driver" in r.getMessage()]
             assert sorted(on_driver) == (["Mixed Case.t/wo", "public.one"] if where == "driver" else [])
             assert (_mirror(spark, root, "public", "one"), _mirror(spark, root, "Mixed Case", "t/wo")) == expected
             counts.append([(t.table, t.inserted, t.updated, t.deleted, t.skipped, t.truncated)
-                           for t in later.tables])
-        done[where] = (counts, sorted(map(tuple, skipped)))
+                           for t in result.tables])
+            if len(counts) == 1:  # new mirrors
+                files = [len(spark.read.format("delta").load(mirror_delta.mirror_path(root, *t)).inputFiles())
+                         for t in (("public", "one"), ("Mixed Case", "t/wo"))]
+                assert files == [1, 1], files  # a few rows in one file, not one per core
+                skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq")
+                done_skipped = sorted(map(tuple, skipped.collect()))
+        done[where] = (counts, done_skipped)
     assert done["driver"] == done["task"] and done["driver"][0][0][0][4] == 1, done  # public.one's missing row
     assert [t[4] for t in done["driver"][0][1]] == [0, 0]  # the moved key's TOAST value found on the driver
 

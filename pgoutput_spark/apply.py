@@ -81,6 +81,7 @@ from .mirroring.rows import (
     NET_TASK_ROWS,
     converted_net_frame,
     local_converted_net,
+    looked_up,
     moved_buckets,
     net_frame,
     net_tasks,
@@ -628,7 +629,8 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
     pre = None
     if past.exists or seed:
         if kinds.keys() & {"update", "delete", "truncate"}:
-            pre = pre_image(session, past.path, typed, spec, current_only=True, everything="truncate" in kinds)
+            keys = None if "truncate" in kinds else looked_up(typed, spec)  # a truncate ends every version
+            pre = pre_image(session, past.path, keys, typed.schema, spec, current_only=True)
     changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
     try:
         versions = changes.where(F.col("_action") == "version").count()
@@ -720,13 +722,14 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                 net, summary = local_converted_net(
                     relation_rows(committed, oid, tuples=tuples),
                     converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema,
-                    look_up=(lambda rows: pre_image(session, plan.path, rows, spec)) if looks_up else None)
+                    look_up=((lambda keys, schema: pre_image(session, plan.path, keys, schema, spec))
+                             if looks_up else None))
         elif fused:
             net, summary = _summarized(
                 name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))
         else:
             assert typed is not None
-            pre = pre_image(session, plan.path, typed, spec) if looks_up else None
+            pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
             net, summary = _summarized(name, net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved))
         try:
             truncated = "truncate" in summary

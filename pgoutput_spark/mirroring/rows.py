@@ -22,23 +22,43 @@ from .delta import quote, read_current
 from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
 
 
-def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec, *,
-              current_only: bool = False, everything: bool = False) -> DataFrame:
-    """The mirror's rows for the keys the run's updates and deletes look up, as change rows.
+def _key_names(spec: TableSpec) -> list[str]:
+    """Clash-free names of the looked-up keys' columns (`looked_up`, `pre_image`)."""
+    return [f"__pgoutput_spark_key_{i}" for i in range(len(spec.key))]
 
-    For a history table (`history`): ``current_only`` keeps its current versions, and
-    ``everything`` takes all of them, not only the looked-up keys (a run with a truncate).
-    """
-    old = F.col("_old")
-    k = [f"__pgoutput_spark_key_{i}" for i in range(len(spec.key))]  # clash-free names
+
+def looked_up(typed: DataFrame, spec: TableSpec) -> DataFrame:
+    """The keys a run's typed change rows look up in the mirror, one column each (`_key_names`):
+    a row's old key (or old row) where it carries one, and, for a keyed table, an update's own key
+    where it does not. `looked_up_keys` is the same on the driver."""
+    old, k = F.col("_old"), _key_names(spec)
+    keys = typed.where(old.isNotNull()).select(*[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
     if spec.mode == "keyed":
-        looked_up = typed.where(old.isNotNull()).select(
-            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)]).unionByName(
-            typed.where((F.col("_op") == "update") & old.isNull()).select(
-                *[F.col(quote(c)).alias(k[i]) for i, c in enumerate(spec.key)]))
-    else:
-        looked_up = typed.where(old.isNotNull()).select(
-            *[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
+        keys = keys.unionByName(typed.where((F.col("_op") == "update") & old.isNull()).select(
+            *[F.col(quote(c)).alias(k[i]) for i, c in enumerate(spec.key)]))
+    return keys
+
+
+def looked_up_keys(table: pa.Table, spec: TableSpec) -> pa.Table:
+    """`looked_up` of typed change rows held on the driver (schema `typed.change_schema`)."""
+    old = table.column("_old")
+    carries = pc.is_valid(old)
+    with_old = old.filter(carries)
+    columns = [pc.struct_field(with_old, [with_old.type.get_field_index(c)]) for c in spec.key]
+    if spec.mode == "keyed":
+        own = table.filter(pc.and_(pc.equal(table.column("_op"), "update"), pc.invert(carries)))
+        columns = [pa.chunked_array([*a.chunks, *own.column(c).chunks], a.type) for a, c in zip(columns, spec.key)]
+    return pa.Table.from_arrays(columns, names=_key_names(spec))
+
+
+def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.StructType, spec: TableSpec, *,
+              current_only: bool = False) -> DataFrame:
+    """The mirror's rows for ``keys`` (`looked_up`), or all of them for None (a history table's
+    run with a truncate), as change rows of ``schema`` (the typed change rows').
+
+    For a history table (`history`), ``current_only`` keeps its current versions.
+    """
+    k = _key_names(spec)
     target = read_current(spark, path)  # cached by the caller, and the source of the MERGE into it
     if current_only:
         target = target.where(F.col("_is_current"))
@@ -47,8 +67,7 @@ def pre_image(spark: SparkSession, path: str, typed: DataFrame, spec: TableSpec,
     condition = equal[0]
     for more in equal[1:]:
         condition = condition & more
-    rows = target if everything else target.join(looked_up.distinct(), condition, "left_semi")
-    schema = typed.schema
+    rows = target if keys is None else target.join(keys.distinct(), condition, "left_semi")
     present = set(target.columns)
     columns = []
     for field in schema.fields:
@@ -139,7 +158,7 @@ LOCAL_NET_ROWS = 10_000
 
 def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
                         spec: TableSpec, arrow_schema: pa.Schema, *,
-                        look_up: Callable[[DataFrame], DataFrame] | None = None,
+                        look_up: Callable[[DataFrame, T.StructType], DataFrame] | None = None,
                         ) -> tuple[DataFrame, dict[str, dict[str, int]]]:
     """`converted_net_frame` on the driver, for a table with a few change rows: one collect of
     ``changes`` (cached rows) as Arrow, the same conversion and net change here, and the result
@@ -147,18 +166,21 @@ def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
     writing many tables saves each a Python task and the job that counted its net change.
 
     ``look_up``: for a table whose updates and deletes look rows up in its mirror, the
-    function from its typed change rows to those rows (`pre_image`); they are collected in one
-    job, and netted with the change rows as `net_frame` nets them in a task.
+    function from the keys they look up (`looked_up_keys`, as a local relation) and the typed
+    rows' Spark schema to those rows (`pre_image`); they are collected in one job, and netted
+    with the change rows as `net_frame` nets them in a task.
 
     Returns the frame and its summary by ``_action``: ``n`` rows, ``ins`` and ``del`` (the
     sums of ``_inserted`` and ``_deleted``), as the caller's aggregate of the task's frame.
     """
     spark = changes.sparkSession
     table = pa.Table.from_batches(converted(changes.toArrow().to_batches(), convert), schema=arrow_schema)
-    if look_up is not None:  # the typed rows as a local relation, for the keys the mirror is read for
-        typed = spark.createDataFrame(table, from_arrow_schema(arrow_schema, prefer_timestamp_ntz=True))
+    if look_up is not None:  # only the looked-up keys go to the JVM, not the rows' other values
+        keys = looked_up_keys(table, spec)
+        keys = spark.createDataFrame(keys, from_arrow_schema(keys.schema, prefer_timestamp_ntz=True))
+        rows = look_up(keys, from_arrow_schema(arrow_schema, prefer_timestamp_ntz=True))
         # Positional names: "a.b" is a column name here, not a field.
-        pre = look_up(typed).toDF(*_positional(arrow_schema).names).toArrow()
+        pre = rows.toDF(*_positional(arrow_schema).names).toArrow()
         table = pa.concat_tables([table, pa.Table.from_arrays(pre.columns, schema=arrow_schema)])
     net = net_changes(table, spec)
     summary = {r["_action"]: {"n": r["_action_count"], "ins": r["_inserted_sum"], "del": r["_deleted_sum"]}

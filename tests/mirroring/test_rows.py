@@ -1,4 +1,5 @@
-"""`rows.converted`: a net-change task's batches converted in threads, in their order."""
+"""`rows.converted`: a net-change task's batches converted in threads, in their order;
+`rows.looked_up_keys`: the keys a table's change rows look up in its mirror, on the driver."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from pgoutput_spark.mirroring.rows import CONVERT_THREADS, converted
+from pgoutput_spark.mirroring.net import TableSpec
+from pgoutput_spark.mirroring.rows import CONVERT_THREADS, converted, looked_up_keys
 
 
 def _batch(i: int) -> pa.RecordBatch:
@@ -47,3 +49,31 @@ def test_the_first_failing_batch_in_order_stops_the_task():
 
     with pytest.raises(ValueError, match="batch 3"):
         converted((_batch(i) for i in range(8)), convert)
+
+
+def _changes(*chunks: list[tuple[str, dict | None, int, str | None]]) -> pa.Table:
+    """Typed change rows (the columns `looked_up_keys` reads): (op, old, id, v), in ``chunks``."""
+    schema = pa.schema([("_op", pa.string()), ("_old", pa.struct([("id", pa.int64()), ("v", pa.string())])),
+                        ("id", pa.int64()), ("v", pa.string())])
+    return pa.Table.from_batches([pa.record_batch([pa.array(c) for c in zip(*rows)], schema=schema)
+                                  for rows in chunks], schema=schema)
+
+
+def test_a_keyed_tables_rows_look_up_their_old_keys_and_updates_without_one_their_own():
+    rows = _changes(
+        [("insert", None, 1, "new"), ("update", {"id": 2, "v": None}, 20, "moved"),
+         ("update", None, 3, "same key")],
+        [("delete", {"id": 4, "v": None}, None, None), ("update", None, 5, None), ("insert", None, 6, "x")])
+    keys = looked_up_keys(rows, TableSpec("keyed", ("id",), ("id", "v")))
+    assert keys.column_names == ["__pgoutput_spark_key_0"]
+    assert sorted(keys.column(0).to_pylist()) == [2, 3, 4, 5]  # not the inserts' keys, nor 20
+
+
+def test_a_multisets_rows_look_up_their_old_rows_nulls_and_all():
+    rows = _changes(
+        [("update", {"id": 1, "v": None}, 1, "b"), ("update", None, 7, "no old row")],
+        [("delete", {"id": None, "v": "a"}, None, None), ("insert", None, 2, "c")])
+    keys = looked_up_keys(rows, TableSpec("multiset", ("id", "v"), ("id", "v")))
+    assert keys.schema.types == [pa.int64(), pa.string()]
+    assert sorted(zip(*[c.to_pylist() for c in keys.columns]), key=str) == [(1, None), (None, "a")]
+    assert looked_up_keys(rows.slice(3), TableSpec("multiset", ("id", "v"), ("id", "v"))).num_rows == 0

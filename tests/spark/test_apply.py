@@ -874,27 +874,33 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
     version it read, after a write to the mirror too (see `saved_open_rows`' test)."""
     from pgoutput_spark.mirroring.delta import latest_version
     from pgoutput_spark.mirroring.net import TableSpec
-    from pgoutput_spark.mirroring.rows import pre_image
+    from pgoutput_spark.mirroring.rows import looked_up, looked_up_keys, pre_image
     from pgoutput_spark.spark.session import release
 
     path = str(tmp_path / "mirror")
     spark.range(3).selectExpr("id", "'a' AS v").write.format("delta").save(path)
     assert latest_version(spark, path) == 0
-    typed = spark.range(3).selectExpr("id", "'b' AS v", "'update' AS _op", "named_struct('id', id) AS _old",
-                                      "2L AS _seq", "2L AS _commit_seq")
+    # id 1 moves to 11, id 0 keeps its key (no old key): both look their row up; an insert does not.
+    typed = spark.createDataFrame(
+        [("update", None, 0, "b"), ("update", (1,), 11, "b"), ("insert", None, 2, "b")],
+        "_op string, _old struct<id: bigint>, id bigint, v string").selectExpr("*", "2L AS _seq", "2L AS _commit_seq")
     spec = TableSpec("keyed", ("id",), ("id", "v"))
-    looked_up = pre_image(spark, path, typed.where("id < 2"), spec).persist()
-    everything = pre_image(spark, path, typed, spec, everything=True).persist()  # a run with a truncate
+    keys = looked_up(typed, spec)
+    assert sorted(keys.toArrow().column(0).to_pylist()) == [0, 1]
+    assert keys.toArrow().equals(looked_up_keys(typed.toArrow(), spec))  # the driver's, the same
+    found = pre_image(spark, path, keys, typed.schema, spec).persist()
+    everything = pre_image(spark, path, None, typed.schema, spec).persist()  # a history run with a truncate
     try:
-        assert sorted((r["id"], r["v"], r["_op"]) for r in looked_up.collect()) == [(0, "a", "pre"), (1, "a", "pre")]
+        assert [(f.name, f.dataType) for f in found.schema] == [(f.name, f.dataType) for f in typed.schema]
+        assert sorted((r["id"], r["v"], r["_op"]) for r in found.collect()) == [(0, "a", "pre"), (1, "a", "pre")]
         assert everything.count() == 3
         spark.range(3, 5).selectExpr("id", "'c' AS v").write.format("delta").mode("append").save(path)
         assert latest_version(spark, path) == 1
-        assert sorted(r["id"] for r in looked_up.collect()) == [0, 1]
+        assert sorted(r["id"] for r in found.collect()) == [0, 1]
         assert sorted(r["id"] for r in everything.collect()) == [0, 1, 2]
-        assert pre_image(spark, path, typed, spec, everything=True).count() == 5  # a new read sees the write
+        assert pre_image(spark, path, None, typed.schema, spec).count() == 5  # a new read sees the write
     finally:
-        release(looked_up)
+        release(found)
         release(everything)
 
 

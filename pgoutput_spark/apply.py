@@ -718,7 +718,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         if local:  # a few rows: on the driver, no task
-            with _step(f"{name}: convert, pre-image, net change on the driver"):
+            with _step(f"{name}: convert, {'pre-image, ' if looks_up else ''}net change on the driver"):
                 net, summary = local_converted_net(
                     relation_rows(committed, oid, tuples=tuples),
                     converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema,

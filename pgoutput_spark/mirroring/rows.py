@@ -28,19 +28,21 @@ def _key_names(spec: TableSpec) -> list[str]:
 
 
 def looked_up(typed: DataFrame, spec: TableSpec) -> DataFrame:
-    """The keys a run's typed change rows look up in the mirror, one column each (`_key_names`):
-    a row's old key (or old row) where it carries one, and, for a keyed table, an update's own key
-    where it does not. `looked_up_keys` is the same on the driver."""
+    """The keys a run's typed change rows look up in the mirror, one column each (`_key_names`),
+    each once: a row's old key (or old row) where it carries one, and, for a keyed table, an
+    update's own key where it does not. `looked_up_keys` is the same on the driver."""
     old, k = F.col("_old"), _key_names(spec)
     keys = typed.where(old.isNotNull()).select(*[old.getField(c).alias(k[i]) for i, c in enumerate(spec.key)])
     if spec.mode == "keyed":
         keys = keys.unionByName(typed.where((F.col("_op") == "update") & old.isNull()).select(
             *[F.col(quote(c)).alias(k[i]) for i, c in enumerate(spec.key)]))
-    return keys
+    return keys.distinct()  # a run's many updates of a key: the join's smaller side
 
 
 def looked_up_keys(table: pa.Table, spec: TableSpec) -> pa.Table:
-    """`looked_up` of typed change rows held on the driver (schema `typed.change_schema`)."""
+    """`looked_up` of typed change rows held on the driver (schema `typed.change_schema`), a key
+    as often as rows look it up: `pre_image`'s semi join takes each mirror row once anyway, and
+    a few thousand keys, broadcast, need no Spark aggregate (a shuffle) to make them distinct."""
     old = table.column("_old")
     carries = pc.is_valid(old)
     with_old = old.filter(carries)
@@ -67,7 +69,7 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
     condition = equal[0]
     for more in equal[1:]:
         condition = condition & more
-    rows = target if keys is None else target.join(keys.distinct(), condition, "left_semi")
+    rows = target if keys is None else target.join(keys, condition, "left_semi")
     present = set(target.columns)
     columns = []
     for field in schema.fields:

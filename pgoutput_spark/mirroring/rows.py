@@ -55,8 +55,9 @@ def looked_up_keys(table: pa.Table, spec: TableSpec) -> pa.Table:
 
 def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.StructType, spec: TableSpec, *,
               current_only: bool = False) -> DataFrame:
-    """The mirror's rows for ``keys`` (`looked_up`), or all of them for None (a history table's
-    run with a truncate), as change rows of ``schema`` (the typed change rows').
+    """The mirror's rows for ``keys`` (`looked_up`, or `looked_up_keys` as a local relation), or
+    all of them for None (a history table's run with a truncate), as change rows of ``schema``
+    (the typed change rows').
 
     For a history table (`history`), ``current_only`` keeps its current versions.
     """

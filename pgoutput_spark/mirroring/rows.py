@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
 from .delta import quote, read_current
-from .net import TableSpec, _one_array, joined_buckets, net_changes, out_schema
+from .net import TableSpec, _field, _one_array, joined_buckets, net_changes, out_schema
 
 
 def _key_names(spec: TableSpec) -> list[str]:
@@ -46,7 +46,7 @@ def looked_up_keys(table: pa.Table, spec: TableSpec) -> pa.Table:
     old = table.column("_old")
     carries = pc.is_valid(old)
     with_old = old.filter(carries)
-    columns = [pc.struct_field(with_old, [with_old.type.get_field_index(c)]) for c in spec.key]
+    columns = [_field(with_old, c) for c in spec.key]
     if spec.mode == "keyed":
         own = table.filter(pc.and_(pc.equal(table.column("_op"), "update"), pc.invert(carries)))
         columns = [pa.chunked_array([*a.chunks, *own.column(c).chunks], a.type) for a, c in zip(columns, spec.key)]

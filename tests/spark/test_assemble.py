@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from pgoutput_spark import decode
 from pgoutput_spark.spark.assemble import ScanState, assemble
+from pgoutput_spark.spark.session import local_frame
 
 from ..decoder.tuple_oracle import Truncate
 
@@ -24,7 +25,7 @@ def _frame(spark, messages, framed=False):
     data = [b.xlogdata(m.lsn, m.lsn, 0, m.data) if framed else m.data for m in messages]
     table = pa.table({"seq": [m.seq for m in messages], "lsn": [m.lsn for m in messages],
                       "data": pa.array(data, pa.binary())})
-    return spark.createDataFrame(table.to_pandas())
+    return spark.createDataFrame(table)  # a local relation, as `local_frame`'s
 
 
 def _as_oracle(spark, decoded_rows, committed):
@@ -77,7 +78,16 @@ SCANS = pytest.mark.parametrize("scan", [{}, {"lookup_limit": 0, "rows_per_bucke
 
 
 def _decode(frame, scan, state=ScanState(), **kwargs):
-    return decode(frame, positions=state if scan.get("positions") else None, **kwargs)
+    """Decoded and cached, as the jobs cache what they decode (`apply`, `changes`): the assembly
+    and the checks read the messages in several passes, each of which would decode them again."""
+    return decode(frame, positions=state if scan.get("positions") else None, **kwargs).cache()
+
+
+@pytest.fixture(autouse=True)
+def _uncached(spark):
+    """The frames a test cached (`_decode`) are dropped after it."""
+    yield
+    spark.catalog.clearCache()
 
 
 def _assemble(decoded, scan, state=ScanState(), **kwargs):
@@ -121,7 +131,7 @@ def test_runs_cut_anywhere_carry_open_transactions(spark, captured, scan):
         open_rows = assembled.open_rows.collect()
         # The runs skip saving open rows when the driver rules them out: it must never be wrong.
         assert assembled.may_leave_open or not open_rows, (lo, hi)
-        pending = spark.createDataFrame(open_rows, assembled.open_rows.schema)
+        pending = local_frame(spark, open_rows, assembled.open_rows.schema)
     assert pending.count() == 0
     assert not assembled.may_leave_open  # ... and it does rule them out at the capture's end
     committed.sort(key=lambda r: (r["commit_seq"], r["seq"]))
@@ -189,14 +199,14 @@ def test_older_protocols_commit_the_same_changes(spark, captured, captured_by_pr
     kinds = {m.data[:1] for m in messages}
     assert (b"S" in kinds) == (protocol == 2)
     assert not kinds & {b"b", b"P", b"K", b"r", b"p"}  # no two-phase messages before protocol 3
-    decoded = decode(_frame(spark, messages))
+    decoded = _decode(_frame(spark, messages), {})
     ours = _as_oracle(spark, decoded.orderBy("seq").collect(), _committed_in_order(assemble(decoded)))
     assert ours == _oracle(captured[1])
 
 
 def test_origin_is_recorded_and_can_be_skipped(spark, captured):
     messages, _ = captured
-    decoded = decode(_frame(spark, messages))
+    decoded = _decode(_frame(spark, messages), {})
     upstream = assemble(decoded).committed.where(F.col("txn_origin") == "upstream").collect()
     assert [(r["message_type"], r["change"]["new_tuple"][0]["value"]) for r in upstream] == [
         ("insert", bytearray(b"9000"))]

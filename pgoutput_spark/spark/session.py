@@ -41,6 +41,13 @@ DEFAULTS: dict[str, str] = {
     # as they are (1.2M decoded messages: 718 MiB compressed, 737 MiB not) after spending
     # CPU on choosing a scheme per column: 4-5 of 50 JVM CPU-seconds of an apply run.
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # Delta 4.0 keeps a small table's file list in each version's checksum file and, where the
+    # JVM's or the session's time zone is not UTC, checks that list against a reconstruction of
+    # the table's state after every commit (its aid for finding statistics of timestamps before
+    # 1883 written differently; Delta 4.0 plans no scan from that list, and `row_count` reads only
+    # its row counts): about one Spark job and 0.1 s a commit on 2 cores, several commits a run.
+    # The check stays off, as on a machine in UTC (benchmarks/README.md).
+    "spark.databricks.delta.allFilesInCrc.verificationMode.forceOnNonUTC.enabled": "false",
     # Local paths (file:) stay on Hadoop's LocalFileSystem here, with its ".name.crc" sidecars;
     # a session `build_spark_session` starts on a local master gets `localfs`'s instead (no
     # sidecar, no process per file). Hadoop's raw local file system in its place, as these

@@ -234,3 +234,37 @@ def test_temporary_conf_puts_each_setting_back_as_it_was(spark):
     with pytest.raises(ZeroDivisionError), temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
         1 / 0
     assert spark.conf.get("spark.sql.caseSensitive") == "false"  # after a failure too
+
+
+@pytest.mark.spark
+def test_a_commit_outside_utc_starts_no_check_of_the_checksums_file_list(spark, tmp_path):
+    """Where the JVM's time zone is not UTC, Delta checks the file list of each commit's checksum
+    against a reconstruction of the table's state, in Spark jobs: the session's defaults turn
+    that off (`session.DEFAULTS`), and a commit then starts as many jobs as in UTC."""
+    key = "spark.databricks.delta.allFilesInCrc.verificationMode.forceOnNonUTC.enabled"
+    assert spark.conf.get(key) == "false"
+    path = str(tmp_path / "t")
+    spark.range(3).write.format("delta").save(path)
+    context, zones = spark.sparkContext, spark._jvm.java.util.TimeZone
+
+    def jobs_of_an_append(group: str) -> int:
+        context.setJobGroup(group, group)
+        try:
+            spark.range(3).write.format("delta").mode("append").save(path)
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setLocalProperty("spark.job.description", None)
+        return len(context.statusTracker().getJobIdsForGroup(group))
+
+    before = zones.getDefault()
+    try:
+        utc = jobs_of_an_append("commit-in-utc")
+        zones.setDefault(zones.getTimeZone("America/New_York"))
+        elsewhere = jobs_of_an_append("commit-outside-utc")
+        spark.conf.set(key, "true")  # Delta's own default
+        checked = jobs_of_an_append("commit-outside-utc-checked")
+    finally:
+        zones.setDefault(before)
+        spark.conf.set(key, "false")
+    assert elsewhere == utc < checked, (utc, elsewhere, checked)
+    assert spark.read.format("delta").load(path).count() == 12

@@ -432,21 +432,35 @@ def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_ta
 
 
 def _append_checked_by_checksum(frame: DataFrame, path: str, app_id: str, version: int) -> bool:
-    """`txn_append`'s plain append to an existing table whose schema ``frame`` has: one Delta
-    transaction that checks ``app_id``'s last version in the table's checksum file, writes the
-    rows and commits them with that transaction identifier, as Delta's writer does with
-    ``txnAppId`` / ``txnVersion``. Delta 4.0's writer reads the identifier from a reconstruction
-    of the table's whole state instead (``Snapshot.transactions``: three Spark jobs, 0.5 s on 2
-    cores, for each such append; the checksum holds them since Delta keeps them there,
-    up to 100 per table). The identifier is registered as read, so Delta fails a concurrent
-    commit of the same one, as with the writer. False, having written nothing, where this does
-    not apply (a new table, no identifiers in the checksum, another schema, a Delta whose
-    classes differ): the caller uses the writer."""
+    """`txn_append`'s plain append to an existing table whose columns and types ``frame`` has:
+    one Delta transaction that reads ``app_id``'s last version in the table's checksum file,
+    writes the rows and commits them with that transaction identifier, as Delta's writer does
+    with ``txnAppId`` / ``txnVersion``. Delta 4.0's writer reads the identifier from a
+    reconstruction of the table's whole state instead (``Snapshot.transactions``: three more
+    Spark jobs and about 0.5 s an append on 2 cores), though the checksum holds the table's
+    identifiers (up to 100). The identifier is registered as read, so Delta fails a concurrent
+    commit of the same one, as it fails the writer's. False, having written nothing, where this
+    does not apply (a new table, a checksum without the identifiers, other columns or types, a
+    Delta whose classes differ): the caller uses the writer."""
     spark = frame.sparkSession
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    sessions = jvm.org.apache.spark.sql.SparkSession
+    before = sessions.getActiveSession()
+    sessions.setActiveSession(spark._jsparkSession)  # type: ignore[attr-defined]  # Delta's, as under its writer
+    try:
+        return _checked_append(jvm, frame, path, app_id, version)
+    finally:
+        if before.isDefined():
+            sessions.setActiveSession(before.get())
+        else:
+            sessions.clearActiveSession()
+
+
+def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version: int) -> bool:
+    """`_append_checked_by_checksum` in the frame's session."""
     try:
         delta = jvm.org.apache.spark.sql.delta
-        txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        txn = delta.DeltaLog.forTable(frame.sparkSession._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
         snapshot = txn.snapshot()
         if snapshot.version() < 0:
             return False

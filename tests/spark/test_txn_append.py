@@ -62,6 +62,10 @@ def _logged_txns(path: str) -> list[tuple[int, str, int]]:
 def test_appends_checked_in_the_checksum_commit_as_delta_s_writer_does(spark, tmp_path):
     path = str(tmp_path / "t")
     txn_append(_rows(spark, 0), path, APP, 1, new_table=True)  # creates the table: Delta's writer
+    sessions = spark._jvm.org.apache.spark.sql.SparkSession
+    active = sessions.getActiveSession()
+    txn_append(_rows(spark.newSession(), 5), path, APP, 1)  # committed: nothing, in another session
+    assert sessions.getActiveSession().equals(active)  # the transaction's active session put back
     checked = _jobs(spark, "checked-append", lambda: txn_append(_rows(spark, 10), path, APP, 2))
     written = _jobs(spark, "writer-append", lambda: _writer_append(_rows(spark, 20), path, 3))
     assert checked < written, (checked, written)  # no reconstruction of the table's state

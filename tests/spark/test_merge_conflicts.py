@@ -9,7 +9,6 @@ source waits there until a driver thread has committed.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,8 @@ from pyspark.sql import types as T
 
 from pgoutput_spark.mirroring.delta import MirrorConflictError, append, merge
 from pgoutput_spark.mirroring.net import TableSpec
+
+from .gate import gate_keeper
 
 pytestmark = pytest.mark.spark
 
@@ -37,22 +38,9 @@ def _mirror(spark: Any, path: str) -> None:
 
 def _gated_source(spark: Any, gate: Path) -> Any:
     """Net rows (update 5, delete 6, insert 31) whose first evaluation waits for ``gate/done``."""
-    started, done = str(gate / "started"), str(gate / "done")
-
-    def wait(x: int) -> int:
-        try:
-            os.close(os.open(started, os.O_CREAT | os.O_EXCL))  # the first evaluation only
-        except FileExistsError:
-            return x
-        for _ in range(1200):
-            if os.path.exists(done):
-                return x
-            time.sleep(0.05)
-        raise TimeoutError("the other writer never committed")
-
     rows = [("upsert", 5, "updated"), ("delete", 6, None), ("upsert", 31, "inserted")]
     source = spark.createDataFrame(rows, "_action string, id int, v string").repartition(1)
-    return source.withColumn("id", F.udf(wait, T.IntegerType())("id"))
+    return source.withColumn("id", F.udf(gate_keeper(gate), T.IntegerType())("id"))
 
 
 def _while_merging(spark: Any, gate: Path, sql: str) -> threading.Thread:

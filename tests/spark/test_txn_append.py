@@ -9,7 +9,6 @@ Delta's writer and by later appends alike, and a concurrent commit of the same i
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pyspark.sql import types as T
 from pgoutput_spark.mirroring.delta import txn_append
 
 from .deltalog import commits
+from .gate import gate_keeper
 
 pytestmark = pytest.mark.spark
 
@@ -99,19 +99,6 @@ def test_a_concurrent_commit_of_the_same_identifier_fails_the_checked_append(spa
     path, gate = str(tmp_path / "t"), tmp_path / "gate"
     gate.mkdir()
     txn_append(_rows(spark, 0), path, APP, 1, new_table=True)
-    started, done = str(gate / "started"), str(gate / "done")
-
-    def wait(x: int) -> int:
-        try:
-            os.close(os.open(started, os.O_CREAT | os.O_EXCL))  # the first evaluation only
-        except FileExistsError:
-            return x
-        for _ in range(1200):
-            if os.path.exists(done):
-                return x
-            time.sleep(0.05)
-        raise TimeoutError("the other writer never committed")
-
     def other_writer() -> None:
         while not (gate / "started").exists():
             time.sleep(0.05)
@@ -122,7 +109,7 @@ def test_a_concurrent_commit_of_the_same_identifier_fails_the_checked_append(spa
 
     thread = threading.Thread(target=other_writer, daemon=True)
     thread.start()
-    gated = _rows(spark, 10).repartition(1).withColumn("id", F.udf(wait, T.LongType())("id"))
+    gated = _rows(spark, 10).repartition(1).withColumn("id", F.udf(gate_keeper(gate), T.LongType())("id"))
     with pytest.raises(Exception, match="ConcurrentTransaction"):
         txn_append(gated, path, APP, 2)
     thread.join(60)

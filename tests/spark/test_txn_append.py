@@ -60,6 +60,8 @@ def _logged_txns(path: str) -> list[tuple[int, str, int]]:
 
 
 def test_appends_checked_in_the_checksum_commit_as_delta_s_writer_does(spark, tmp_path):
+    """Appends through the checksum and through Delta's writer, in turn, on one table: each sees
+    the other's identifiers; besides the first, only an append with a new column takes the writer's way."""
     path = str(tmp_path / "t")
     txn_append(_rows(spark, 0), path, APP, 1, new_table=True)  # creates the table: Delta's writer
     sessions = spark._jvm.org.apache.spark.sql.SparkSession
@@ -99,6 +101,7 @@ def test_a_concurrent_commit_of_the_same_identifier_fails_the_checked_append(spa
     path, gate = str(tmp_path / "t"), tmp_path / "gate"
     gate.mkdir()
     txn_append(_rows(spark, 0), path, APP, 1, new_table=True)
+
     def other_writer() -> None:
         while not (gate / "started").exists():
             time.sleep(0.05)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +55,19 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 
 LAKE = "pgoutput-tests"
 _LAKE_ROOT: dict[str, Path] = {}
+
+
+def jobs_of(spark: SparkSession, group: str, action: Callable[[], object]) -> int:
+    """The Spark jobs ``action`` started, counted by a job group of its own (Spark's status
+    tracker); the thread's job group and description are cleared after it."""
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+    return len(context.statusTracker().getJobIdsForGroup(group))
 
 
 def local_path(path: str | Path) -> Path:

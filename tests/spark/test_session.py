@@ -241,20 +241,16 @@ def test_a_commit_outside_utc_starts_no_check_of_the_checksums_file_list(spark, 
     """Where the JVM's time zone is not UTC, Delta checks the file list of each commit's checksum
     against a reconstruction of the table's state, in Spark jobs: the session's defaults turn
     that off (`session.DEFAULTS`), and a commit then starts as many jobs as in UTC."""
+    from ..plugins.spark import jobs_of
+
     key = "spark.databricks.delta.allFilesInCrc.verificationMode.forceOnNonUTC.enabled"
     assert spark.conf.get(key) == "false"
     path = str(tmp_path / "t")
     spark.range(3).write.format("delta").save(path)
-    context, zones = spark.sparkContext, spark._jvm.java.util.TimeZone
+    zones = spark._jvm.java.util.TimeZone
 
     def jobs_of_an_append(group: str) -> int:
-        context.setJobGroup(group, group)
-        try:
-            spark.range(3).write.format("delta").mode("append").save(path)
-        finally:
-            context.setLocalProperty("spark.jobGroup.id", None)
-            context.setLocalProperty("spark.job.description", None)
-        return len(context.statusTracker().getJobIdsForGroup(group))
+        return jobs_of(spark, group, lambda: spark.range(3).write.format("delta").mode("append").save(path))
 
     before = zones.getDefault()
     try:

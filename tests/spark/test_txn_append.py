@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark.mirroring.delta import txn_append
 
+from ..plugins.spark import jobs_of
 from .deltalog import commits
 from .gate import gate_keeper
 
@@ -35,17 +36,6 @@ def _rows(spark: Any, first: int, n: int = 2) -> Any:
 def _writer_append(frame: Any, path: str, version: int) -> None:
     """Delta's own writer with the same transaction identifiers."""
     frame.write.format("delta").mode("append").option("txnAppId", APP).option("txnVersion", version).save(path)
-
-
-def _jobs(spark: Any, group: str, append: Any) -> int:
-    context = spark.sparkContext
-    context.setJobGroup(group, group)
-    try:
-        append()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
-        context.setLocalProperty("spark.job.description", None)
-    return len(context.statusTracker().getJobIdsForGroup(group))
 
 
 def _logged_txns(path: str) -> list[tuple[int, str, int]]:
@@ -68,8 +58,8 @@ def test_appends_checked_in_the_checksum_commit_as_delta_s_writer_does(spark, tm
     active = sessions.getActiveSession()
     txn_append(_rows(spark.newSession(), 5), path, APP, 1)  # committed: nothing, in another session
     assert sessions.getActiveSession().equals(active)  # the transaction's active session put back
-    checked = _jobs(spark, "checked-append", lambda: txn_append(_rows(spark, 10), path, APP, 2))
-    written = _jobs(spark, "writer-append", lambda: _writer_append(_rows(spark, 20), path, 3))
+    checked = jobs_of(spark, "checked-append", lambda: txn_append(_rows(spark, 10), path, APP, 2))
+    written = jobs_of(spark, "writer-append", lambda: _writer_append(_rows(spark, 20), path, 3))
     assert checked < written, (checked, written)  # no reconstruction of the table's state
     txn_append(_rows(spark, 30), path, APP, 4)  # after the writer's commit: its identifier is seen
     assert _logged_txns(path) == [(0, APP, 1), (1, APP, 2), (2, APP, 3), (3, APP, 4)]

@@ -6,11 +6,14 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pgoutput_spark.spark.session import build_spark_session
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +60,17 @@ LAKE = "pgoutput-tests"
 _LAKE_ROOT: dict[str, Path] = {}
 
 
-def jobs_of(spark: SparkSession, group: str, action: Callable[[], object]) -> int:
-    """The Spark jobs ``action`` started, counted by a job group of its own (Spark's status
-    tracker); the thread's job group and description are cleared after it."""
+def jobs_run(spark: SparkSession, group: str, action: Callable[[], T]) -> tuple[T, int]:
+    """``action()`` and the Spark jobs it ran, counted by a job group of its own in this thread
+    (Spark's status tracker); the thread's job group and description are cleared after it."""
     context = spark.sparkContext
     context.setJobGroup(group, group)
     try:
-        action()
+        result = action()
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
-    return len(context.statusTracker().getJobIdsForGroup(group))
+    return result, len(context.statusTracker().getJobIdsForGroup(group))
 
 
 def local_path(path: str | Path) -> Path:

@@ -21,6 +21,7 @@ from pgoutput_spark.mirroring.delta import SchemaChangeError
 from pgoutput_spark.spark import assemble as spark_assemble
 
 from ..decoder import builders as b
+from ..plugins.spark import jobs_run
 from .deltalog import commits
 
 INT4, INT8, TEXT = 23, 20, 25
@@ -909,17 +910,6 @@ def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark,
         release(everything)
 
 
-def _jobs_run(spark, group, action):
-    """``action()`` and the Spark jobs it ran (tagged with job group ``group`` in this thread)."""
-    sc = spark.sparkContext
-    sc.setJobGroup(group, group)
-    try:
-        result = action()
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    return result, len(sc.statusTracker().getJobIdsForGroup(group))
-
-
 def test_vacuum_deletes_the_files_no_version_within_the_retention_reads(spark, tmp_path, caplog):
     """`vacuum_files`: nothing within Delta's default retention (7 days); with none, every file
     the table's rewrites removed, the current ones kept. `vacuum_tables` logs a table it cannot
@@ -956,7 +946,7 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     assert {t: n for t, (_, n) in status(spark, root).mirrors.items()} == {"public.one": 2, "Mixed Case.t/wo": 2}
 
     def counted(path, group):
-        n, jobs = _jobs_run(spark, group, lambda: row_count(spark, path))
+        n, jobs = jobs_run(spark, group, lambda: row_count(spark, path))
         assert n == spark.read.format("delta").load(path).count()
         return n, jobs
 
@@ -972,14 +962,14 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
     rows, jobs = counted(many, "many")
     assert rows == 10 and jobs > 0
-    files, jobs = _jobs_run(spark, "files", lambda: mirror_delta.file_count(spark, many))
+    files, jobs = jobs_run(spark, "files", lambda: mirror_delta.file_count(spark, many))
     assert (files, jobs) == (len(spark.read.format("delta").load(many).inputFiles()), 0) and files == 3
     spark.sql(f"DELETE FROM delta.`{many}`")
     assert mirror_delta.file_count(spark, many) == 0 and mirror_delta.row_count(spark, many) == 0
     # A pending table without files: a run neither reads it nor looks for its oldest run's rows.
     from pgoutput_spark.spark.assemble import _oldest_run_hi, _saved_rows
 
-    assert _jobs_run(spark, "empty", lambda: (_saved_rows(spark, many), _oldest_run_hi(spark, many))) == \
+    assert jobs_run(spark, "empty", lambda: (_saved_rows(spark, many), _oldest_run_hi(spark, many))) == \
         ((None, float("inf")), 0)
     bare = str(tmp_path / "bare")  # files without statistics
     spark.conf.set("spark.databricks.delta.stats.collect", "false")

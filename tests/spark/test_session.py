@@ -241,7 +241,7 @@ def test_a_commit_outside_utc_starts_no_check_of_the_checksums_file_list(spark, 
     """Where the JVM's time zone is not UTC, Delta checks the file list of each commit's checksum
     against a reconstruction of the table's state, in Spark jobs: the session's defaults turn
     that off (`session.DEFAULTS`), and a commit then starts as many jobs as in UTC."""
-    from ..plugins.spark import jobs_of
+    from ..plugins.spark import jobs_run
 
     key = "spark.databricks.delta.allFilesInCrc.verificationMode.forceOnNonUTC.enabled"
     assert spark.conf.get(key) == "false"
@@ -250,7 +250,7 @@ def test_a_commit_outside_utc_starts_no_check_of_the_checksums_file_list(spark, 
     zones = spark._jvm.java.util.TimeZone
 
     def jobs_of_an_append(group: str) -> int:
-        return jobs_of(spark, group, lambda: spark.range(3).write.format("delta").mode("append").save(path))
+        return jobs_run(spark, group, lambda: spark.range(3).write.format("delta").mode("append").save(path))[1]
 
     before = zones.getDefault()
     try:

@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark.mirroring.delta import txn_append
 
-from ..plugins.spark import jobs_of
+from ..plugins.spark import jobs_run
 from .deltalog import commits
 from .gate import gate_keeper
 
@@ -58,8 +58,8 @@ def test_appends_checked_in_the_checksum_commit_as_delta_s_writer_does(spark, tm
     active = sessions.getActiveSession()
     txn_append(_rows(spark.newSession(), 5), path, APP, 1)  # committed: nothing, in another session
     assert sessions.getActiveSession().equals(active)  # the transaction's active session put back
-    checked = jobs_of(spark, "checked-append", lambda: txn_append(_rows(spark, 10), path, APP, 2))
-    written = jobs_of(spark, "writer-append", lambda: _writer_append(_rows(spark, 20), path, 3))
+    checked = jobs_run(spark, "checked-append", lambda: txn_append(_rows(spark, 10), path, APP, 2))[1]
+    written = jobs_run(spark, "writer-append", lambda: _writer_append(_rows(spark, 20), path, 3))[1]
     assert checked < written, (checked, written)  # no reconstruction of the table's state
     txn_append(_rows(spark, 30), path, APP, 4)  # after the writer's commit: its identifier is seen
     assert _logged_txns(path) == [(0, APP, 1), (1, APP, 2), (2, APP, 3), (3, APP, 4)]

@@ -40,6 +40,7 @@ from .mirroring.delta import (
     mirror_path,
     path_table,
     plan_schema,
+    read_listed,
     txn_append,
     vacuum_tables,
 )
@@ -110,7 +111,7 @@ class _State:
         reading them whole took seconds once runs were counted in tens of thousands)."""
         if not _exists(self.spark, self.runs):
             return None, None, None
-        frame = self.spark.read.format("delta").load(self.runs)
+        frame = read_listed(self.spark, self.runs)
         if "new_files" not in frame.columns:  # a runs table of before the runs recorded their files
             frame = frame.withColumn("new_files", F.lit(None).cast("array<string>"))
         row = F.struct("lo", "hi", "begin_seq", "stream_xid", "messages")
@@ -123,7 +124,7 @@ class _State:
 
     def slices(self) -> list[tuple[int, int, int]]:
         """(lo, hi, messages) of each finished run: for the check of files landed late."""
-        return [tuple(r) for r in self.spark.read.format("delta").load(self.runs)
+        return [tuple(r) for r in read_listed(self.spark, self.runs)
                 .where(F.col("status") == "finished").select("lo", "hi", "messages").collect()]
 
     def record(self, status: str, lo: int, hi: int, scan: ScanState, messages: int = 0,

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import _is_delta
 from .errors import PgoutputSparkError
-from .mirroring.delta import absolute_path, conflicting_operation, path_table, sql_literal
+from .mirroring.delta import absolute_path, conflicting_operation, path_table, read_listed, sql_literal, update_listed
 from .spark.assemble import ScanState, saved_open_rows
 from .spark.session import local_frame
 
@@ -98,7 +98,7 @@ class Ledger:
         """(relation OID, table, LSN) of every snapshot of this pipeline, read once per ledger."""
         if self._snapshot_rows is None:
             self._snapshot_rows = [] if not _is_delta(self.spark, self.snapshots_path) else [
-                (r[0], r[1], r[2]) for r in self.spark.read.format("delta").load(self.snapshots_path)
+                (r[0], r[1], r[2]) for r in read_listed(self.spark, self.snapshots_path)
                 .where(F.col("pipeline") == self.pipeline).select("relation_id", "table", "lsn").collect()]
         return self._snapshot_rows
 
@@ -112,7 +112,7 @@ class Ledger:
                 if not _is_delta(self.spark, self.lease_path):
                     raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
                                              f"{str(exc).splitlines()[0]}") from exc
-        leases = self.spark.read.format("delta").load(self.lease_path)
+        leases = read_listed(self.spark, self.lease_path)
         self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
         rows = leases.where(F.col("pipeline") == self.pipeline).collect()
         if not rows:
@@ -131,7 +131,7 @@ class Ledger:
         recorded their end) the run died: the lease stays ``running``, and the next run redoes it."""
         if not _is_delta(self.spark, self.runs_path):
             return lease
-        runs = self.spark.read.format("delta").load(self.runs_path)
+        runs = read_listed(self.spark, self.runs_path)
         if "lease_end" not in runs.columns:
             return lease
         rows = runs.where((F.col("pipeline") == self.pipeline) & (F.col("run_id") == lease.run_id)
@@ -145,18 +145,20 @@ class Ledger:
                      end["applied_lsn"], files, (new, gone))
 
     def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
-        sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
+        condition = f"pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}"
         try:
-            row = self.spark.sql(
-                f"UPDATE {path_table(self.lease_path)} SET {sets} "
-                f"WHERE pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}").first()
+            updated = update_listed(self.spark, self.lease_path, condition, assignments)
+            if updated is None:  # not a table its checksum lists: Delta's UPDATE
+                sets = ", ".join(f"{k} = {v}" for k, v in assignments.items())
+                row = self.spark.sql(f"UPDATE {path_table(self.lease_path)} SET {sets} WHERE {condition}").first()
+                updated = None if row is None else row[0]
         except Exception as exc:
             if conflicting_operation(exc) is not None:
                 raise ConcurrentRunError(f"another run on {self.root} changed its lease while this "
                                          f"run tried to {what}; nothing of this run was lost, "
                                          f"re-run it") from exc
             raise
-        if row is None or row[0] != 1:
+        if updated != 1:
             raise ConcurrentRunError(f"another run on {self.root} took its lease before this run "
                                      f"could {what}; re-run when it has finished")
 
@@ -200,8 +202,8 @@ class Ledger:
         """Each finished run's slice ``(lo, hi]`` and the messages it read (`capture.landed_files`)."""
         if not _is_delta(self.spark, self.runs_path):
             return []
-        return [(-2**63 if r[0] is None else r[0], r[1], r[2]) for r in self.spark.read.format("delta")
-                .load(self.runs_path).where(F.col("pipeline") == self.pipeline)
+        return [(-2**63 if r[0] is None else r[0], r[1], r[2]) for r in read_listed(self.spark, self.runs_path)
+                .where(F.col("pipeline") == self.pipeline)
                 .select("lo_seq", "hi_seq", "messages").collect()]
 
     def history(self) -> RelationHistory:
@@ -220,7 +222,7 @@ def saved_history(spark: SparkSession, path: str) -> RelationHistory:
     history = RelationHistory()
     if not _is_delta(spark, path):
         return history
-    rows = spark.read.format("delta").load(path).collect()
+    rows = read_listed(spark, path).collect()
     history.add(versions_from_rows(rows))
     kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
     if len(rows) - len(kept) >= REPEATS_REWRITTEN:

@@ -1,0 +1,133 @@
+"""`read_listed` and `update_listed`: small Delta tables as the Parquet files their checksum lists.
+
+Delta 4.0 writes, beside each commit, a checksum file that lists the files of a table of up to
+50 files. A table any Parquet reader may read (Delta's reader protocol 1) is read from those
+files, and the target's lease is updated by one transaction that rewrites them, without the
+Spark jobs in which Delta reconstructs the table's state. Both must give what Delta's own
+reader and UPDATE give, and leave every other table to Delta.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pgoutput_spark.mirroring.delta import read_listed, update_listed
+
+from ..plugins.spark import jobs_run
+from .deltalog import commits
+from .gate import gate_keeper
+
+pytestmark = pytest.mark.spark
+
+
+def _delta(spark: Any, path: str) -> list[tuple]:
+    return sorted((tuple(r) for r in spark.read.format("delta").load(path).collect()), key=repr)
+
+
+def _listed(spark: Any, path: str) -> list[tuple]:
+    return sorted((tuple(r) for r in read_listed(spark, path).collect()), key=repr)
+
+
+def _rows(spark: Any, first: int, n: int = 3) -> Any:
+    return spark.range(first, first + n).selectExpr("id", "CAST(id AS string) AS v", "id % 2 AS part")
+
+
+def test_read_listed_gives_delta_s_rows_and_leaves_other_tables_to_delta(spark, tmp_path):
+    path = str(tmp_path / "t")
+    _rows(spark, 0).write.format("delta").partitionBy("part").save(path)
+    _rows(spark, 10).withColumn("part", F.lit(None).cast("long")).write.format("delta").mode("append").save(path)
+    _rows(spark, 20).withColumn("w", F.lit(1.5)).write.format("delta").mode("append") \
+        .option("mergeSchema", "true").save(path)  # files before it have no w: null there
+    spark.sql(f"UPDATE delta.`{path}` SET v = 'changed' WHERE id IN (1, 11)")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 21")
+    expected = _delta(spark, path)
+    assert len(expected) == 8 and (1, "changed", 1, None) in expected and (10, "10", None, None) in expected
+    assert _listed(spark, path) == expected
+    frame = read_listed(spark, path)
+    assert frame.schema == spark.read.format("delta").load(path).schema
+    assert frame.where(F.col("part").isNull()).count() == 3  # partition values, null among them
+    listed = jobs_run(spark, "listed", lambda: read_listed(spark, path).collect())[1]
+    delta = jobs_run(spark, "delta", lambda: spark.read.format("delta").load(path).collect())[1]
+    assert listed < delta, (listed, delta)
+
+    spark.sql(f"OPTIMIZE delta.`{path}`")  # the files removed are not read again
+    assert _listed(spark, path) == expected
+    spark.sql(f"DELETE FROM delta.`{path}`")
+    assert read_listed(spark, path).collect() == []
+    assert read_listed(spark, path).schema == spark.read.format("delta").load(path).schema
+
+    # Deletion vectors (reader protocol 3), a checksum without a file list (over 50 files), none at
+    # all: Delta's reader.
+    vectors = str(tmp_path / "dv")
+    _rows(spark, 0, 10).coalesce(1).write.format("delta") \
+        .option("delta.enableDeletionVectors", "true").save(vectors)
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id < 4")
+    assert _listed(spark, vectors) == _delta(spark, vectors) and len(_delta(spark, vectors)) == 6
+    many = str(tmp_path / "many")
+    _rows(spark, 0, 60).repartition(60).write.format("delta").save(many)
+    assert _listed(spark, many) == _delta(spark, many) and len(_delta(spark, many)) == 60
+    lost = str(tmp_path / "lost")
+    _rows(spark, 0).write.format("delta").save(lost)
+    _rows(spark, 3).write.format("delta").mode("append").save(lost)
+    for crc in Path(lost, "_delta_log").glob("*.crc"):
+        crc.unlink()
+    spark.sql(f"REFRESH delta.`{lost}`")
+    fresh = spark.newSession()  # a session whose Delta log cache has not held the checksums
+    assert _listed(fresh, lost) == _delta(fresh, lost) and len(_delta(fresh, lost)) == 6
+
+
+def test_update_listed_updates_as_delta_s_update_and_fails_on_a_concurrent_change(spark, tmp_path):
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for path in (ours, theirs):
+        _rows(spark, 0, 4).withColumn("at", F.lit(None).cast("timestamp")).coalesce(1).write.format("delta").save(path)
+    sets = {"v": "concat(v, '!')", "part": "7", "at": "current_timestamp()"}
+    updated, jobs = jobs_run(spark, "update-listed", lambda: update_listed(spark, ours, "id >= 2", sets))
+    assert updated == 2
+    sql = f"UPDATE delta.`{theirs}` SET v = concat(v, '!'), part = 7, at = current_timestamp() WHERE id >= 2"
+    assert jobs < jobs_run(spark, "update-delta", lambda: spark.sql(sql).collect())[1]  # commands run in sql()
+    assert [r[:3] for r in _delta(spark, ours)] == [r[:3] for r in _delta(spark, theirs)] == [
+        (0, "0", 0), (1, "1", 1), (2, "2!", 7), (3, "3!", 7)]
+    assert [r["at"] is not None for r in sorted(spark.read.format("delta").load(ours).collect())] == \
+        [False, False, True, True]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").orderBy("version").collect()
+    assert [r["operation"] for r in history] == ["WRITE", "UPDATE"]
+    assert "id >= 2" in history[1]["operationParameters"]["predicate"]
+
+    done = commits(ours)
+    assert update_listed(spark, ours, "id = 99", sets) == 0  # nothing matched: no commit
+    assert commits(ours) == done
+    with pytest.raises(ValueError, match="no column"):
+        update_listed(spark, ours, "id = 1", {"nope": "1"})
+    assert commits(ours) == done
+
+    vectors = str(tmp_path / "dv")  # reader protocol 3: Delta's UPDATE, by the caller
+    _rows(spark, 0).write.format("delta").option("delta.enableDeletionVectors", "true").save(vectors)
+    assert update_listed(spark, vectors, "id = 1", sets) is None
+    assert commits(vectors) == 1
+
+    # Another writer's UPDATE commits while this one writes its rows: Delta fails this one.
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    spark.udf.register("gated", gate_keeper(gate), T.StringType())
+
+    def other_writer() -> None:
+        while not (gate / "started").exists():
+            time.sleep(0.05)
+        try:
+            spark.newSession().sql(f"UPDATE delta.`{ours}` SET v = 'theirs' WHERE id = 0")
+        finally:
+            (gate / "done").touch()
+
+    thread = threading.Thread(target=other_writer, daemon=True)
+    thread.start()
+    with pytest.raises(Exception, match="Concurrent"):
+        update_listed(spark, ours, "id = 1", {"v": "gated('mine')"})
+    thread.join(60)
+    assert [r[:2] for r in _delta(spark, ours)][:2] == [(0, "theirs"), (1, "1")]

@@ -754,7 +754,7 @@ def _listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
             return None
         files.append(added)
     root = snapshot.deltaLog().dataPath().toString()
-    if any(_GLOB.search(_location(spark, root, added)) for added in files):
+    if any(_GLOB.search(_file_location(spark, root, added)) for added in files):
         return None
     return files
 
@@ -764,7 +764,7 @@ def _partition_names(metadata: Any) -> list[str]:
     return [str(columns.apply(i)) for i in range(columns.size())]
 
 
-def _location(spark: SparkSession, root: str, added: Any) -> str:
+def _file_location(spark: SparkSession, root: str, added: Any) -> str:
     """An ``AddFile``'s file, as Delta resolves its (relative, URI-encoded) path."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     return str(jvm.org.apache.spark.sql.delta.util.DeltaFileOperations.absolutePath(root, added.path()).toString())
@@ -783,7 +783,7 @@ def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataF
     for added in listed:
         values = added.partitionValues()
         key = tuple((values.get(name).get() if values.get(name).isDefined() else None) for name in partitions)
-        groups.setdefault(key, []).append(_location(spark, root, added))
+        groups.setdefault(key, []).append(_file_location(spark, root, added))
     data = T.StructType([f for f in schema.fields if f.name not in partitions])
     frames = []
     for key, locations in groups.items():

@@ -413,14 +413,19 @@ def append_rows(frame: DataFrame, path: str) -> None:
 
 
 def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_table: bool = False,
-               replace_where: str | None = None, partition_by: tuple[str, ...] = ()) -> None:
+               replace_where: str | None = None, partition_by: tuple[str, ...] = (),
+               replaced: Callable[[dict[str, str | None]], bool] | None = None) -> None:
     """Append ``frame`` to the Delta table at ``path``, merging new columns into its schema, under
     Delta's transaction identifiers (a redone run writes nothing twice). ``new_table``: the
     write creates the table, with `PROPERTIES`. ``replace_where``: the same commit deletes the
     rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``).
     ``partition_by``: the table's partition columns, for a write that creates it (an existing
-    table keeps its own: see `partition_columns`)."""
-    if not new_table and replace_where is None and _append_checked_by_checksum(frame, path, app_id, version):
+    table keeps its own: see `partition_columns`). ``replaced``: ``replace_where`` as a test of a
+    file's partition values (Delta's strings) where it is a predicate on partition columns only;
+    with it, a table `read_listed` reads as its checksum's files has those files removed by the
+    checked append's transaction (`_append_checked_by_checksum`)."""
+    if not new_table and (replace_where is None or replaced is not None) and \
+            _append_checked_by_checksum(frame, path, app_id, version, replace_where, replaced):
         return
     writer = (_schema_merging_writer(frame, "append" if replace_where is None else "overwrite")
               .option("txnAppId", app_id).option("txnVersion", version))
@@ -431,7 +436,9 @@ def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_ta
     _with_properties(writer, new_table).save(path)
 
 
-def _append_checked_by_checksum(frame: DataFrame, path: str, app_id: str, version: int) -> bool:
+def _append_checked_by_checksum(frame: DataFrame, path: str, app_id: str, version: int,
+                                replace_where: str | None = None,
+                                replaced: Callable[[dict[str, str | None]], bool] | None = None) -> bool:
     """`txn_append`'s plain append to an existing table whose columns and types ``frame`` has:
     one Delta transaction that reads ``app_id``'s last version in the table's checksum file,
     writes the rows and commits them with that transaction identifier, as Delta's writer does
@@ -441,12 +448,19 @@ def _append_checked_by_checksum(frame: DataFrame, path: str, app_id: str, versio
     identifiers (up to 100). The identifier is registered as read, so Delta fails a concurrent
     commit of the same one, as it fails the writer's. False, having written nothing, where this
     does not apply (a new table, a checksum without the identifiers, other columns or types, a
-    Delta whose classes differ): the caller uses the writer."""
+    Delta whose classes differ): the caller uses the writer.
+
+    With ``replaced`` (see `txn_append`), the files of the partitions it matches are removed in
+    the same commit, an overwrite recorded as the writer records ``replaceWhere``'s, where the
+    checksum lists the table's files (`_listed_files`; otherwise False); the transaction then
+    reads the whole table, so Delta fails it where another commit changed files meanwhile."""
     with _active(frame.sparkSession) as jvm:
-        return _checked_append(jvm, frame, path, app_id, version)
+        return _checked_append(jvm, frame, path, app_id, version, replace_where, replaced)
 
 
-def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version: int) -> bool:
+def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version: int,
+                    replace_where: str | None = None,
+                    replaced: Callable[[dict[str, str | None]], bool] | None = None) -> bool:
     """`_append_checked_by_checksum` in the frame's session."""
     try:
         delta = jvm.org.apache.spark.sql.delta
@@ -464,14 +478,28 @@ def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version:
         return False
     if done is None or _shape(schema) != _shape(frame.schema.jsonValue()):
         return False
+    removed = []
+    if replace_where is not None:
+        assert replaced is not None
+        listed = _listed_files(frame.sparkSession, snapshot)
+        if listed is None:
+            return False
+        partitions = _partition_names(snapshot.metadata())
+        removed = [added for added in listed if replaced(_partition_values(added, partitions))]
+        txn.readWholeTable()  # as Delta's overwrite reads the partitions it replaces
     txn.readTxn().addOne(app_id)  # as `txnVersion` records it, for Delta's check of concurrent commits
     if done >= version:
         return True  # committed before (a redone run): as the writer, nothing
-    files = txn.writeFiles(frame._jdf)
+    actions = txn.writeFiles(frame._jdf)
+    for added in removed:
+        actions = actions.appended(added.remove())
     # Milliseconds since the epoch, past 2**31: py4j hands the JVM a Long, as Option[Long] holds.
     stamp, none = jvm.scala.Option.apply(int(time.time() * 1000)), jvm.scala.Option.empty()
-    txn.commit(files.appended(entry(app_id, version, stamp)),
-               write(jvm.org.apache.spark.sql.SaveMode.Append, none, none, none))
+    save = jvm.org.apache.spark.sql.SaveMode
+    operation = write(save.Append, none, none, none) if replace_where is None else \
+        write(save.Overwrite, jvm.scala.Option.apply(snapshot.metadata().partitionColumns()),
+              jvm.scala.Option.apply(replace_where), none)
+    txn.commit(actions.appended(entry(app_id, version, stamp)), operation)
     return True
 
 
@@ -650,9 +678,10 @@ def read_listed(spark: SparkSession, path: str) -> DataFrame:
     table's state to find them (three, 0.2-0.3 s on 2 cores, for each read of a table of the
     target's own). Any other table: `read_current`.
 
-    A table the caller then changes with Delta's own commands (``pending``'s overwrite) is
-    better read by Delta's reader: the command finds its files in the state that read left in
-    Delta's cache, and would reconstruct it itself after this one."""
+    A table the caller then changes with Delta's own commands gains nothing: they reconstruct
+    the state to find their files (Delta's reader leaves it in Delta's cache for them). The
+    target's lease and ``pending`` are changed over the same listed files instead
+    (`update_listed`, `delete_listed`, `txn_append`'s overwrite with ``replaced``)."""
     snapshot = _snapshot_now(spark, path)
     listed = _listed_files(spark, snapshot)
     if listed is not None:
@@ -686,14 +715,14 @@ def update_listed(spark: SparkSession, path: str, condition: str, assignments: d
             return None
         txn.readWholeTable()  # any file another commit removes or adds meanwhile fails the commit
         frame = _files_frame(spark, snapshot, listed)
-        matched = F.expr(condition)
-        rows = frame.where(matched).count()
-        if rows == 0:
-            return 0
         schema = frame.schema
         unknown = set(assignments) - set(schema.names)
         if unknown:
             raise ValueError(f"no column {sorted(unknown)} in {path}")
+        matched = F.expr(condition)
+        rows = frame.where(matched).count()
+        if rows == 0:
+            return 0
         updated = frame.select(*[
             F.when(matched, F.expr(assignments[f.name]).cast(f.dataType)).otherwise(F.col(quote(f.name))).alias(f.name)
             if f.name in assignments else F.col(quote(f.name)) for f in schema.fields])
@@ -703,6 +732,62 @@ def update_listed(spark: SparkSession, path: str, condition: str, assignments: d
         predicate = spark._jsparkSession.sessionState().sqlParser().parseExpression(condition)  # type: ignore[attr-defined]
         txn.commit(actions, update(jvm.scala.Option.apply(predicate)))
         return rows
+
+
+def delete_listed(spark: SparkSession, path: str, predicate: str,
+                  deleted: Callable[[dict[str, str | None]], bool]) -> bool | None:
+    """``DELETE FROM path WHERE predicate``, a predicate on partition columns only, which
+    ``deleted`` tests on a file's partition values (Delta's strings), on a table `read_listed`
+    reads as its checksum's files: one Delta transaction that removes the files of the partitions
+    it matches, committed as Delta's DELETE (operation ``DELETE``), without the state
+    reconstruction in which Delta's command finds them. True: files removed; False: none
+    matched (no commit); None, having written nothing, where the table is not such a table
+    (the caller runs Delta's command). The transaction reads the whole table, so Delta fails it
+    where another commit removed files meanwhile."""
+    with _active(spark) as jvm:
+        try:
+            delta = jvm.org.apache.spark.sql.delta
+            txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+            snapshot = txn.snapshot()
+            delete = getattr(delta, "DeltaOperations$Delete")
+            if snapshot.version() < 0 or not isinstance(delete, JavaClass):
+                return None
+            listed = _listed_files(spark, snapshot)
+        except Exception as exc:  # py4j's: a Delta without these members
+            _log.debug("deleting from %s through Delta's DELETE: %s", path, exc)
+            return None
+        if listed is None:
+            return None
+        partitions = _partition_names(snapshot.metadata())
+        removed = [added for added in listed if deleted(_partition_values(added, partitions))]
+        if not removed:
+            return False
+        txn.readWholeTable()
+        # The metrics of Delta's DELETE of whole partitions, its rows counted from the files' statistics.
+        records = [added.numLogicalRecords() for added in removed]
+        counts = {"numRemovedFiles": len(removed), "numRemovedBytes": sum(int(added.size()) for added in removed),
+                  "numDeletedRows": sum(int(n.get()) for n in records) if all(n.isDefined() for n in records) else 0,
+                  **dict.fromkeys(("numCopiedRows", "numAddedFiles", "numAddedBytes", "numAddedChangeFiles",
+                                   "numDeletionVectorsAdded", "numDeletionVectorsRemoved", "numDeletionVectorsUpdated",
+                                   "scanTimeMs", "rewriteTimeMs", "executionTimeMs"), 0)}
+        metrics = jvm.java.util.HashMap()
+        for name, value in counts.items():
+            metric = jvm.org.apache.spark.sql.execution.metric.SQLMetrics.createMetric(
+                spark.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
+            metric.set(value)
+            metrics.put(name, metric)
+        txn.registerSQLMetrics(spark._jsparkSession, jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(metrics))
+        parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)  # type: ignore[attr-defined]
+        txn.commit(_seq(jvm, [added.remove() for added in removed]), delete(_seq(jvm, [parsed])))
+        return True
+
+
+def _seq(jvm: Any, items: list[Any]) -> Any:
+    """A Scala ``Seq`` of JVM objects."""
+    out = jvm.java.util.ArrayList()
+    for item in items:
+        out.add(item)
+    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(out)
 
 
 class _active:
@@ -764,6 +849,12 @@ def _partition_names(metadata: Any) -> list[str]:
     return [str(columns.apply(i)) for i in range(columns.size())]
 
 
+def _partition_values(added: Any, names: list[str]) -> dict[str, str | None]:
+    """An ``AddFile``'s partition values (Delta's strings; None for null) by column."""
+    values = added.partitionValues()
+    return {name: (values.get(name).get() if values.get(name).isDefined() else None) for name in names}
+
+
 def _file_location(spark: SparkSession, root: str, added: Any) -> str:
     """An ``AddFile``'s file, as Delta resolves its (relative, URI-encoded) path."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
@@ -781,8 +872,7 @@ def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataF
     root = snapshot.deltaLog().dataPath().toString()
     groups: dict[tuple[str | None, ...], list[str]] = {}
     for added in listed:
-        values = added.partitionValues()
-        key = tuple((values.get(name).get() if values.get(name).isDefined() else None) for name in partitions)
+        key = tuple(_partition_values(added, partitions).values())
         groups.setdefault(key, []).append(_file_location(spark, root, added))
     data = T.StructType([f for f in schema.fields if f.name not in partitions])
     frames = []

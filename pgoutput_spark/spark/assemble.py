@@ -20,6 +20,7 @@ Distributed in three steps, none of which brings changes to the driver:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -515,14 +516,14 @@ def _saved_rows(spark: SparkSession, path: str) -> DataFrame | None:
     """The open-transaction rows saved at ``path``; None when there is no table or it holds no
     file (runs that leave nothing open make it so): then nothing needs reading or deleting."""
     from ..capture import _is_delta
-    from ..mirroring.delta import file_count, read_current
+    from ..mirroring.delta import file_count, read_listed
 
     if not _is_delta(spark, path):
         return None
     files = file_count(spark, path)  # from the checksum, no job; None without one
     if files == 0:
         return None
-    table = read_current(spark, path)  # the open rows a run caches and saves back read these
+    table = read_listed(spark, path)  # the open rows a run caches and saves back read these
     return table if files or table.inputFiles() else None  # a listing only without a checksum
 
 
@@ -550,10 +551,15 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
     partition values in its log, without reading files; a table written
     without partitions (by a version from before they were) is rewritten with
     them by the first run that saves rows into it, in that run's one commit. A
-    run that saves none deletes only where a query finds rows before ``lo``.
+    run that saves none deletes the partitions before ``lo``. Where the table's checksum lists
+    its files, the overwrite and the delete remove them by their partition values in one
+    transaction each, without Delta's reconstruction of the table's state
+    (`mirroring.delta.delete_listed`, `txn_append`'s ``replaced``); otherwise Delta's writer
+    and DELETE do, the DELETE only where a query finds rows before ``lo``.
     """
     from ..capture import _is_delta
-    from ..mirroring.delta import file_count, partition_columns, path_table, read_current, txn_append, txn_replace
+    from ..mirroring.delta import (delete_listed, file_count, partition_columns, path_table, read_current, txn_append,
+                                   txn_replace)
     from .decode import raw_bytes
 
     spark = assembled.scanned.sparkSession
@@ -574,8 +580,11 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
                             partition_by=PARTITIONS)
             else:  # the table exists: whether it may hold rows is its checksum's file count (`_holds_files`)
                 replace = replaced is not None and file_count(spark, path) != 0
-                txn_append(rows, path, app_id, hi, replace_where=replaced if replace else None)
-        elif lo is not None and _oldest_run_hi(spark, path) < lo:
+                txn_append(rows, path, app_id, hi, replace_where=replaced if replace else None,
+                           replaced=_replaced_runs(lo, hi) if replace else None)
+        elif lo is not None and _holds_files(spark, path) and \
+                delete_listed(spark, path, f"_run_hi < {int(lo)}", _replaced_runs(lo, None)) is None and \
+                _oldest_run_hi(spark, path) < lo:  # not a table its checksum lists: Delta's DELETE
             spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi < {int(lo)}")
     finally:
         if rows is not None:
@@ -585,6 +594,15 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
 
 #: The partition columns of a target's ``pending`` table (`save_open_rows`).
 PARTITIONS = ("_run_hi",)
+
+
+def _replaced_runs(lo: int | None, hi: int | None) -> Callable[[dict[str, str | None]], bool]:
+    """`save_open_rows`'s ``_run_hi < lo OR _run_hi = hi`` (either part left out for None) as a
+    test of a file's partition values."""
+    def replaced(values: dict[str, str | None]) -> bool:
+        run_hi = values.get("_run_hi")
+        return run_hi is not None and ((lo is not None and int(run_hi) < lo) or (hi is not None and int(run_hi) == hi))
+    return replaced
 
 
 def _holds_files(spark: SparkSession, path: str) -> bool:

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgoutput_spark.mirroring.delta import read_listed, update_listed
+from pgoutput_spark.mirroring.delta import delete_listed, read_listed, txn_append, update_listed
 
 from ..plugins.spark import jobs_run
 from .deltalog import commits
@@ -131,3 +131,53 @@ def test_update_listed_updates_as_delta_s_update_and_fails_on_a_concurrent_chang
         update_listed(spark, ours, "id = 1", {"v": "gated('mine')"})
     thread.join(60)
     assert [r[:2] for r in _delta(spark, ours)][:2] == [(0, "theirs"), (1, "1")]
+
+
+def _partitions(spark: Any, path: str) -> list[int]:
+    return sorted({r["_run_hi"] for r in spark.read.format("delta").load(path).collect()})
+
+
+def test_partitions_replaced_and_deleted_by_the_listed_files_as_delta_does(spark, tmp_path):
+    """`pending`'s overwrite of some runs' partitions (``txn_append`` with ``replaced``) and its
+    delete of older runs' (`delete_listed`): the rows and the log's operations Delta's writer
+    and DELETE leave, fewer jobs, and a redone overwrite writes nothing."""
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    app = "p:pending"
+
+    def runs(*his: int) -> Any:
+        return spark.createDataFrame([(h * 10 + i, h) for h in his for i in range(2)], "x long, _run_hi long")
+
+    for path in (ours, theirs):  # the checksum of a table's first version lists no files; the next ones do
+        txn_append(runs(1, 2), path, app, 2, partition_by=("_run_hi",))  # as `pending` is created
+        txn_append(runs(3), path, app, 3)
+    where = "_run_hi < 3 OR _run_hi = 5"
+    _, jobs = jobs_run(spark, "replace-listed", lambda: txn_append(
+        runs(5), ours, app, 5, replace_where=where, replaced=lambda v: int(v["_run_hi"]) < 3 or v["_run_hi"] == "5"))
+    writer = jobs_run(spark, "replace-writer", lambda: txn_append(runs(5), theirs, app, 5, replace_where=where))[1]
+    assert jobs < writer, (jobs, writer)
+    assert _delta(spark, ours) == _delta(spark, theirs) == [(30, 3), (31, 3), (50, 5), (51, 5)]
+    assert _listed(spark, ours) == _delta(spark, ours)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").orderBy("version").collect()
+    assert [(r["operation"], r["operationParameters"]["mode"]) for r in history] == \
+        [("WRITE", "Append"), ("WRITE", "Append"), ("WRITE", "Overwrite")]
+    written = spark.sql(f"DESCRIBE HISTORY delta.`{theirs}`").orderBy("version").collect()
+    assert history[2]["operationParameters"]["predicate"] == written[2]["operationParameters"]["predicate"]
+    done = commits(ours)
+    txn_append(runs(5), ours, app, 5, replace_where=where, replaced=lambda v: True)  # redone: nothing
+    assert commits(ours) == done
+
+    assert delete_listed(spark, ours, "_run_hi < 2", lambda v: int(v["_run_hi"]) < 2) is False  # none: no commit
+    assert commits(ours) == done
+    assert delete_listed(spark, ours, "_run_hi < 4", lambda v: int(v["_run_hi"]) < 4) is True
+    spark.sql(f"DELETE FROM delta.`{theirs}` WHERE _run_hi < 4")
+    assert _delta(spark, ours) == _delta(spark, theirs) == [(50, 5), (51, 5)]
+    deletes = [spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()[-1]
+               for path in (ours, theirs)]
+    assert [r["operation"] for r in deletes] == ["DELETE"] * 2
+    metrics = [{k: v for k, v in r["operationMetrics"].items() if not k.endswith("TimeMs")} for r in deletes]
+    assert metrics[0] == metrics[1] and metrics[0]["numRemovedFiles"] == "2", metrics
+
+    vectors = str(tmp_path / "dv")  # reader protocol 3: Delta's DELETE, by the caller
+    runs(1).write.format("delta").partitionBy("_run_hi").option("delta.enableDeletionVectors", "true").save(vectors)
+    assert delete_listed(spark, vectors, "_run_hi < 4", lambda v: True) is None
+    assert commits(vectors) == 1

@@ -700,20 +700,10 @@ def update_listed(spark: SparkSession, path: str, condition: str, assignments: d
     whole table, so Delta fails it with a concurrency error where another commit changed the
     table meanwhile, as it fails Delta's UPDATE."""
     with _active(spark) as jvm:
-        try:
-            delta = jvm.org.apache.spark.sql.delta
-            txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
-            snapshot = txn.snapshot()
-            update = getattr(delta, "DeltaOperations$Update")
-            if snapshot.version() < 0 or not isinstance(update, JavaClass):
-                return None
-            listed = _listed_files(spark, snapshot)
-        except Exception as exc:  # py4j's: a Delta without these members
-            _log.debug("updating %s through Delta's UPDATE: %s", path, exc)
+        started = _listed_transaction(spark, jvm, path, "Update")
+        if started is None:
             return None
-        if listed is None:
-            return None
-        txn.readWholeTable()  # any file another commit removes or adds meanwhile fails the commit
+        txn, snapshot, update, listed = started
         frame = _files_frame(spark, snapshot, listed)
         schema = frame.schema
         unknown = set(assignments) - set(schema.names)
@@ -745,24 +735,14 @@ def delete_listed(spark: SparkSession, path: str, predicate: str,
     (the caller runs Delta's command). The transaction reads the whole table, so Delta fails it
     where another commit removed files meanwhile."""
     with _active(spark) as jvm:
-        try:
-            delta = jvm.org.apache.spark.sql.delta
-            txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
-            snapshot = txn.snapshot()
-            delete = getattr(delta, "DeltaOperations$Delete")
-            if snapshot.version() < 0 or not isinstance(delete, JavaClass):
-                return None
-            listed = _listed_files(spark, snapshot)
-        except Exception as exc:  # py4j's: a Delta without these members
-            _log.debug("deleting from %s through Delta's DELETE: %s", path, exc)
+        started = _listed_transaction(spark, jvm, path, "Delete")
+        if started is None:
             return None
-        if listed is None:
-            return None
+        txn, snapshot, delete, listed = started
         partitions = _partition_names(snapshot.metadata())
         removed = [added for added in listed if deleted(_partition_values(added, partitions))]
         if not removed:
             return False
-        txn.readWholeTable()
         # The metrics of Delta's DELETE of whole partitions, its rows counted from the files' statistics.
         records = [added.numLogicalRecords() for added in removed]
         counts = {"numRemovedFiles": len(removed), "numRemovedBytes": sum(int(added.size()) for added in removed),
@@ -780,6 +760,29 @@ def delete_listed(spark: SparkSession, path: str, predicate: str,
         parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)  # type: ignore[attr-defined]
         txn.commit(_seq(jvm, [added.remove() for added in removed]), delete(_seq(jvm, [parsed])))
         return True
+
+
+def _listed_transaction(spark: SparkSession, jvm: Any, path: str,
+                        operation: str) -> tuple[Any, Any, Any, list[Any]] | None:
+    """A Delta transaction on the table at ``path`` that has read the whole table (any file
+    another commit removes or adds meanwhile fails its commit), its snapshot, the class of
+    Delta's ``operation`` (``DeltaOperations.<operation>``) and the files its checksum lists
+    (`_listed_files`); None where there is no table, no such list, or no such class."""
+    try:
+        delta = jvm.org.apache.spark.sql.delta
+        txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        snapshot = txn.snapshot()
+        recorded = getattr(delta, f"DeltaOperations${operation}")
+        if snapshot.version() < 0 or not isinstance(recorded, JavaClass):
+            return None
+        listed = _listed_files(spark, snapshot)
+    except Exception as exc:  # py4j's: a Delta without these members
+        _log.debug("%s of %s through Delta's command: %s", operation, path, exc)
+        return None
+    if listed is None:
+        return None
+    txn.readWholeTable()
+    return txn, snapshot, recorded, listed
 
 
 def _seq(jvm: Any, items: list[Any]) -> Any:

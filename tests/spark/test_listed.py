@@ -1,10 +1,12 @@
-"""`read_listed` and `update_listed`: small Delta tables as the Parquet files their checksum lists.
+"""`read_listed`, `update_listed`, `delete_listed` and `txn_append`'s ``replaced``: small Delta
+tables as the Parquet files their checksum lists.
 
 Delta 4.0 writes, beside each commit, a checksum file that lists the files of a table of up to
 50 files. A table any Parquet reader may read (Delta's reader protocol 1) is read from those
-files, and the target's lease is updated by one transaction that rewrites them, without the
-Spark jobs in which Delta reconstructs the table's state. Both must give what Delta's own
-reader and UPDATE give, and leave every other table to Delta.
+files, and the target's lease and ``pending`` are changed by one transaction over them each,
+without the Spark jobs in which Delta reconstructs the table's state. They must give what
+Delta's own reader, UPDATE, replaceWhere overwrite and DELETE give, and leave every other table
+to Delta.
 """
 
 from __future__ import annotations

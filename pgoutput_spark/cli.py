@@ -181,13 +181,16 @@ def _spark(config: Config, master: str | None = None) -> Any:
     """The command's SparkSession. In a local session a failed task is reported once: as the
     command's error line, or (an error that is not ours) in the exception Spark raises, which
     carries the task's trace; Spark's own task-failure loggers are turned off."""
+    from .spark.jvm import jvm_class
     from .spark.session import build_spark_session
 
     spark = build_spark_session(master=master or config.spark.master, conf=config.spark.conf)
     if spark.sparkContext.master.startswith("local"):
-        log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]
+        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        configurator = jvm_class(jvm, "org.apache.logging.log4j.core.config.Configurator")
+        off = jvm_class(jvm, "org.apache.logging.log4j.Level").OFF
         for name in _TASK_FAILURE_LOGGERS:
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+            configurator.setLevel(name, off)
     return spark
 
 

@@ -41,10 +41,13 @@ from ..convert import widens as arrow_widens
 from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
 from ..spark.files import is_uri
+from ..spark.jvm import jvm_class
 from ..spark.session import temporary_conf
 from .net import TableSpec
 
 _log = logging.getLogger(__name__)
+_DELTA = "org.apache.spark.sql.delta"  # Delta's package in the JVM
+_PYTHON_UTILS = "org.apache.spark.api.python.PythonUtils"
 
 #: Table properties of every mirror.
 PROPERTIES = {
@@ -463,14 +466,14 @@ def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version:
                     replaced: Callable[[dict[str, str | None]], bool] | None = None) -> bool:
     """`_append_checked_by_checksum` in the frame's session."""
     try:
-        delta = jvm.org.apache.spark.sql.delta
-        txn = delta.DeltaLog.forTable(frame.sparkSession._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        txn = jvm_class(jvm, f"{_DELTA}.DeltaLog").forTable(frame.sparkSession._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
         snapshot = txn.snapshot()
         if snapshot.version() < 0:
             return False
         done = _checksum_txn_version(snapshot, app_id)
         schema = json.loads(snapshot.metadata().schema().json())
-        write, entry = getattr(delta, "DeltaOperations$Write"), delta.actions.SetTransaction
+        write = jvm_class(jvm, f"{_DELTA}.DeltaOperations$Write")
+        entry = jvm_class(jvm, f"{_DELTA}.actions.SetTransaction")
         if not isinstance(write, JavaClass) or not isinstance(entry, JavaClass):
             raise LookupError("no DeltaOperations.Write or SetTransaction class")
     except Exception as exc:  # py4j's: a Delta without these members
@@ -494,11 +497,11 @@ def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version:
     for added in removed:
         actions = actions.appended(added.remove())
     # Milliseconds since the epoch, past 2**31: py4j hands the JVM a Long, as Option[Long] holds.
-    stamp, none = jvm.scala.Option.apply(int(time.time() * 1000)), jvm.scala.Option.empty()
-    save = jvm.org.apache.spark.sql.SaveMode
+    option = jvm_class(jvm, "scala.Option")
+    stamp, none = option.apply(int(time.time() * 1000)), option.empty()
+    save = jvm_class(jvm, "org.apache.spark.sql.SaveMode")
     operation = write(save.Append, none, none, none) if replace_where is None else \
-        write(save.Overwrite, jvm.scala.Option.apply(snapshot.metadata().partitionColumns()),
-              jvm.scala.Option.apply(replace_where), none)
+        write(save.Overwrite, option.apply(snapshot.metadata().partitionColumns()), option.apply(replace_where), none)
     txn.commit(actions.appended(entry(app_id, version, stamp)), operation)
     return True
 
@@ -552,8 +555,9 @@ def latest_version(spark: SparkSession, path: str) -> int:
 def _snapshot_now(spark: SparkSession, path: str) -> Any:
     """Delta's snapshot of the table at ``path``, brought up to date (no Spark job)."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    return log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    log = jvm_class(jvm, f"{_DELTA}.DeltaLog").forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    none = jvm_class(jvm, "scala.Option").empty()
+    return log.update(False, none, none)
 
 
 def file_count(spark: SparkSession, path: str) -> int | None:
@@ -609,11 +613,12 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
         return 0
     _, fs = hadoop(spark, path)  # the table's files are on its file system
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    files = [jvm.org.apache.hadoop.fs.Path(name) for name in names]
+    hadoop_path = jvm_class(jvm, "org.apache.hadoop.fs.Path")
+    files = [hadoop_path(name) for name in names]
     deleted = sum(bool(fs.delete(file, False)) for file in files)
     # A partitioned table's (``pending``: a partition per run) folders its files left empty, as
     # Delta's VACUUM deletes them; the table's own folder stays.
-    table = fs.makeQualified(jvm.org.apache.hadoop.fs.Path(path))
+    table = fs.makeQualified(hadoop_path(path))
     for folder in {file.getParent().toString(): file.getParent() for file in files}.values():
         folder = fs.makeQualified(folder)
         if not folder.equals(table) and fs.exists(folder) and not fs.listStatus(folder):
@@ -720,7 +725,7 @@ def update_listed(spark: SparkSession, path: str, condition: str, assignments: d
         for added in listed:
             actions = actions.appended(added.remove())
         predicate = spark._jsparkSession.sessionState().sqlParser().parseExpression(condition)  # type: ignore[attr-defined]
-        txn.commit(actions, update(jvm.scala.Option.apply(predicate)))
+        txn.commit(actions, update(jvm_class(jvm, "scala.Option").apply(predicate)))
         return rows
 
 
@@ -750,13 +755,13 @@ def delete_listed(spark: SparkSession, path: str, predicate: str,
                   **dict.fromkeys(("numCopiedRows", "numAddedFiles", "numAddedBytes", "numAddedChangeFiles",
                                    "numDeletionVectorsAdded", "numDeletionVectorsRemoved", "numDeletionVectorsUpdated",
                                    "scanTimeMs", "rewriteTimeMs", "executionTimeMs"), 0)}
-        metrics = jvm.java.util.HashMap()
+        metrics = jvm_class(jvm, "java.util.HashMap")()
         for name, value in counts.items():
-            metric = jvm.org.apache.spark.sql.execution.metric.SQLMetrics.createMetric(
+            metric = jvm_class(jvm, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric(
                 spark.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
             metric.set(value)
             metrics.put(name, metric)
-        txn.registerSQLMetrics(spark._jsparkSession, jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(metrics))
+        txn.registerSQLMetrics(spark._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))
         parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)  # type: ignore[attr-defined]
         txn.commit(_seq(jvm, [added.remove() for added in removed]), delete(_seq(jvm, [parsed])))
         return True
@@ -769,10 +774,9 @@ def _listed_transaction(spark: SparkSession, jvm: Any, path: str,
     Delta's ``operation`` (``DeltaOperations.<operation>``) and the files its checksum lists
     (`_listed_files`); None where there is no table, no such list, or no such class."""
     try:
-        delta = jvm.org.apache.spark.sql.delta
-        txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        txn = jvm_class(jvm, f"{_DELTA}.DeltaLog").forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
         snapshot = txn.snapshot()
-        recorded = getattr(delta, f"DeltaOperations${operation}")
+        recorded = jvm_class(jvm, f"{_DELTA}.DeltaOperations${operation}")
         if snapshot.version() < 0 or not isinstance(recorded, JavaClass):
             return None
         listed = _listed_files(spark, snapshot)
@@ -787,10 +791,10 @@ def _listed_transaction(spark: SparkSession, jvm: Any, path: str,
 
 def _seq(jvm: Any, items: list[Any]) -> Any:
     """A Scala ``Seq`` of JVM objects."""
-    out = jvm.java.util.ArrayList()
+    out = jvm_class(jvm, "java.util.ArrayList")()
     for item in items:
         out.add(item)
-    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(out)
+    return jvm_class(jvm, _PYTHON_UTILS).toSeq(out)
 
 
 class _active:
@@ -800,7 +804,7 @@ class _active:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self.jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        self.sessions = self.jvm.org.apache.spark.sql.SparkSession
+        self.sessions = jvm_class(self.jvm, "org.apache.spark.sql.SparkSession")
 
     def __enter__(self) -> Any:
         self.before = self.sessions.getActiveSession()
@@ -861,7 +865,7 @@ def _partition_values(added: Any, names: list[str]) -> dict[str, str | None]:
 def _file_location(spark: SparkSession, root: str, added: Any) -> str:
     """An ``AddFile``'s file, as Delta resolves its (relative, URI-encoded) path."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    return str(jvm.org.apache.spark.sql.delta.util.DeltaFileOperations.absolutePath(root, added.path()).toString())
+    return str(jvm_class(jvm, f"{_DELTA}.util.DeltaFileOperations").absolutePath(root, added.path()).toString())
 
 
 def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataFrame:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from .jvm import jvm_class
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -43,7 +45,7 @@ def local_folder(path: str) -> Path | None:
 
 def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """``path`` as a Hadoop path, and its file system, configured as the session's reads are."""
-    hadoop_path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[attr-defined]
+    hadoop_path = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.Path")(path)  # type: ignore[attr-defined]
     conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
     return hadoop_path, hadoop_path.getFileSystem(conf)
 
@@ -60,8 +62,8 @@ def read_text(spark: SparkSession, path: str) -> str | None:
         return None
     stream = fs.open(hadoop_path)
     try:
-        return str(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(  # type: ignore[attr-defined]
-            stream, "UTF-8"))
+        io = jvm_class(spark.sparkContext._jvm, "org.apache.commons.io.IOUtils")  # type: ignore[attr-defined]
+        return str(io.toString(stream, "UTF-8"))
     finally:
         stream.close()
 
@@ -72,8 +74,8 @@ def upload(spark: SparkSession, local: Path, path: str) -> None:
     target, fs = hadoop(spark, path)
     # FileUtil.copy between the two file systems, whatever `file:` is mapped to (copyFromLocalFile
     # goes through FileSystem.getLocal, which must then be a LocalFileSystem).
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    jvm.org.apache.hadoop.fs.FileUtil.copy(source_fs, source, fs, target, True, True, fs.getConf())
+    copy = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.FileUtil").copy  # type: ignore[attr-defined]
+    copy(source_fs, source, fs, target, True, True, fs.getConf())
 
 
 def delete(spark: SparkSession, path: str, *, recursive: bool = True) -> bool:

@@ -33,6 +33,13 @@ DEFAULTS: dict[str, str] = {
     # A task's memory is bounded by this many messages per Arrow batch.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
     "spark.ui.showConsoleProgress": "false",
+    # PySpark 4 records the Python call site of every Column operation in the JVM, for the
+    # "DataFrame" context of analysis errors: some five py4j round trips and a walk of the Python
+    # stack each (`F.col("x")` 2.2 ms instead of 0.6 ms on 2 cores). The jobs build their plans
+    # from thousands of such operations: off, a warm small apply run made 41% fewer round trips
+    # and its driver 29% less Python CPU (benchmarks/README.md). A notebook that wants the call
+    # sites in its own errors sets it back to "true" in its `spark.conf`.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     # Compiled query code kept for reuse (Spark's default: 100). An apply run generates about
     # 170 distinct classes for six tables; with 100, a third of its compilations were of code
     # compiled before and evicted, each then compiled again by the JVM's JIT compiler too.

@@ -62,8 +62,8 @@ def read_text(spark: SparkSession, path: str) -> str | None:
         return None
     stream = fs.open(hadoop_path)
     try:
-        io = jvm_class(spark.sparkContext._jvm, "org.apache.commons.io.IOUtils")  # type: ignore[attr-defined]
-        return str(io.toString(stream, "UTF-8"))
+        io_utils = jvm_class(spark.sparkContext._jvm, "org.apache.commons.io.IOUtils")  # type: ignore[attr-defined]
+        return str(io_utils.toString(stream, "UTF-8"))
     finally:
         stream.close()
 

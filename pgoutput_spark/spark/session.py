@@ -34,9 +34,9 @@ DEFAULTS: dict[str, str] = {
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
     "spark.ui.showConsoleProgress": "false",
     # PySpark 4 records the Python call site of every Column operation in the JVM, for the
-    # "DataFrame" context of analysis errors: some five py4j round trips and a walk of the Python
+    # "DataFrame" context of analysis errors: some seven py4j round trips and a walk of the Python
     # stack each (`F.col("x")` 2.2 ms instead of 0.6 ms on 2 cores). The jobs build their plans
-    # from thousands of such operations: off, a warm small apply run made 41% fewer round trips
+    # from hundreds of such operations a run: off, a warm small apply run made 41% fewer round trips
     # and its driver 29% less Python CPU (benchmarks/README.md). A notebook that wants the call
     # sites in its own errors sets it back to "true" in its `spark.conf`.
     "spark.python.sql.dataFrameDebugging.enabled": "false",

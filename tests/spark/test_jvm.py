@@ -51,7 +51,7 @@ def test_a_jvm_class_is_one_round_trip_where_its_dotted_parts_are_one_each(spark
 
 def test_column_expressions_send_no_call_site_to_the_jvm(spark):
     """PySpark's DataFrame debugging is off in the sessions `build_spark_session` builds: a column
-    expression costs the JVM calls that build it, not five more an operation recording the
+    expression costs the JVM calls that build it, not some seven more an operation recording the
     Python line that made it."""
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     column, trips = _round_trips(spark, lambda: (F.col("a") + F.lit(1)).alias("b"))

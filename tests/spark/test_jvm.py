@@ -59,3 +59,27 @@ def test_column_expressions_send_no_call_site_to_the_jvm(spark):
     # PySpark 4.0.1 in a new session: 14 round trips the first time, 8 after, with the debugging
     # off; 44 and 38 with Spark's default (on).
     assert trips <= 14
+
+
+def test_a_writing_threads_session_is_a_copy_of_the_runs_settings_made_in_one_round_trip(spark):
+    """`apply._child_session`: each table's writing thread gets a session whose SQL settings are the
+    run's as they are when it starts (here a small run's and a Delta table property's, set for the
+    run alone) and stay its own afterwards; Spark copies them in the JVM."""
+    from pgoutput_spark.apply import _child_session
+    from pgoutput_spark.spark.session import temporary_conf
+
+    codegen, dv = "spark.sql.codegen.factoryMode", "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+    before = {key: spark.conf.get(key, None) for key in (codegen, dv)}
+    with temporary_conf(spark, {codegen: "NO_CODEGEN", dv: "false"}):
+        child, trips = _round_trips(spark, lambda: _child_session(spark))
+    assert {key: child.conf.get(key, None) for key in (codegen, dv)} == {codegen: "NO_CODEGEN", dv: "false"}
+    assert {key: spark.conf.get(key, None) for key in (codegen, dv)} == before  # the parent's put back
+    assert child.conf.get("spark.sql.session.timeZone") == "UTC"  # `session.DEFAULTS`
+    child.conf.set("spark.databricks.delta.write.txnAppId", "thread-1")
+    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    assert child.sparkContext is spark.sparkContext
+    assert child.range(3).count() == 3
+    # The clone and the Python session around it (the constructor's own calls): 6 with PySpark
+    # 4.0.1. A new session given the settings from Python took 195: PySpark reads `conf.getAll` a
+    # round trip an entry, and each setting is one more.
+    assert trips <= 10, trips

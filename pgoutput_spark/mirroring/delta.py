@@ -845,8 +845,8 @@ def _listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
         if added.deletionVector() is not None:  # not in a reader version 1 table
             return None
         files.append(added)
-    root = snapshot.deltaLog().dataPath().toString()
-    if any(_GLOB.search(_file_location(spark, root, added)) for added in files):
+    root, operations = snapshot.deltaLog().dataPath().toString(), _file_operations(spark)
+    if any(_GLOB.search(_file_location(operations, root, added)) for added in files):
         return None
     return files
 
@@ -862,10 +862,14 @@ def _partition_values(added: Any, names: list[str]) -> dict[str, str | None]:
     return {name: (values.get(name).get() if values.get(name).isDefined() else None) for name in names}
 
 
-def _file_location(spark: SparkSession, root: str, added: Any) -> str:
+def _file_operations(spark: SparkSession) -> Any:
+    """Delta's ``DeltaFileOperations`` (for `_file_location`), looked up once for a table's files."""
+    return jvm_class(spark.sparkContext._jvm, f"{_DELTA}.util.DeltaFileOperations")  # type: ignore[attr-defined]
+
+
+def _file_location(operations: Any, root: str, added: Any) -> str:
     """An ``AddFile``'s file, as Delta resolves its (relative, URI-encoded) path."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    return str(jvm_class(jvm, f"{_DELTA}.util.DeltaFileOperations").absolutePath(root, added.path()).toString())
+    return str(operations.absolutePath(root, added.path()).toString())
 
 
 def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataFrame:
@@ -876,11 +880,11 @@ def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataF
     partitions = _partition_names(metadata)
     if not listed:
         return spark.createDataFrame([], schema)
-    root = snapshot.deltaLog().dataPath().toString()
+    root, operations = snapshot.deltaLog().dataPath().toString(), _file_operations(spark)
     groups: dict[tuple[str | None, ...], list[str]] = {}
     for added in listed:
         key = tuple(_partition_values(added, partitions).values())
-        groups.setdefault(key, []).append(_file_location(spark, root, added))
+        groups.setdefault(key, []).append(_file_location(operations, root, added))
     data = T.StructType([f for f in schema.fields if f.name not in partitions])
     frames = []
     for key, locations in groups.items():

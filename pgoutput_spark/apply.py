@@ -455,8 +455,9 @@ def _child_session(spark: SparkSession) -> SparkSession:
     Spark's ``cloneSession`` (``private[sql]`` in Scala, public to the JVM) copies them in the JVM:
     6 round trips, about 4 ms on 2 cores. A new session given them from Python, ``conf.set`` for
     each of ``conf.getAll``, took 195 round trips and 50-180 ms: PySpark reads that map one round
-    trip an entry. The clone also has the parent's temporary views and functions; the package
-    registers none.
+    trip an entry. The clone also has the parent's current database, where a catalog name of one
+    part (`register`) goes, as the run checked it (a new session's is ``default``), and its
+    temporary views and functions (the package registers none).
     """
     return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())  # type: ignore[attr-defined]
 

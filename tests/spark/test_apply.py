@@ -741,6 +741,14 @@ def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
         assert sorted(tuple(r) for r in one) == EXPECTED_ONE
         assert sorted(tuple(r) for r in two) == EXPECTED_TWO
 
+        # A name of one part is in the session's current database, where the run checked it: the
+        # tables' writing threads name them from copies of the session, its database with them.
+        spark.sql(f"USE `{database}`")
+        run_apply(spark, _frame(spark, _first_slice()), str(tmp_path / "here"), table_name="{schema}__{table}_here")
+        assert spark.catalog.tableExists(f"`{database}`.public__one_here")
+        assert not spark.catalog.tableExists("default.public__one_here")
+        spark.sql("USE default")
+
         # A name taken by another table: a clear error before anything is written.
         spark.sql(f"DROP TABLE `{database}`.`public__one`")
         spark.sql(f"CREATE TABLE `{database}`.`public__one` (id int) USING delta "
@@ -750,6 +758,7 @@ def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
             run_apply(spark, _frame(spark, _first_slice()), other, table_name=template)
         assert not (tmp_path / "other" / "public").exists()
     finally:
+        spark.sql("USE default")
         spark.sql(f"DROP NAMESPACE IF EXISTS {database} CASCADE")
 
 

@@ -63,16 +63,18 @@ def test_column_expressions_send_no_call_site_to_the_jvm(spark):
 
 def test_a_writing_threads_session_is_a_copy_of_the_runs_settings_made_in_one_round_trip(spark):
     """`apply._child_session`: each table's writing thread gets a session whose SQL settings are the
-    run's as they are when it starts (here a small run's and a Delta table property's, set for the
-    run alone) and stay its own afterwards; Spark copies them in the JVM."""
+    run's as they are when it starts (here a code generation mode other than the test session's
+    and a Delta table property, set for the run alone) and stay its own afterwards; Spark copies
+    them in the JVM."""
     from pgoutput_spark.apply import _child_session
     from pgoutput_spark.spark.session import temporary_conf
 
     codegen, dv = "spark.sql.codegen.factoryMode", "spark.databricks.delta.properties.defaults.enableDeletionVectors"
     before = {key: spark.conf.get(key, None) for key in (codegen, dv)}
-    with temporary_conf(spark, {codegen: "NO_CODEGEN", dv: "false"}):
+    with temporary_conf(spark, {codegen: "FALLBACK", dv: "false"}):
         child, trips = _round_trips(spark, lambda: _child_session(spark))
-    assert {key: child.conf.get(key, None) for key in (codegen, dv)} == {codegen: "NO_CODEGEN", dv: "false"}
+    assert before[codegen] != "FALLBACK" and before[dv] != "false"  # so the child has them from the run
+    assert {key: child.conf.get(key, None) for key in (codegen, dv)} == {codegen: "FALLBACK", dv: "false"}
     assert {key: spark.conf.get(key, None) for key in (codegen, dv)} == before  # the parent's put back
     assert child.conf.get("spark.sql.session.timeZone") == "UTC"  # `session.DEFAULTS`
     child.conf.set("spark.databricks.delta.write.txnAppId", "thread-1")

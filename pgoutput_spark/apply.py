@@ -92,7 +92,15 @@ from .results import ApplyResult, TableResult
 from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release, small_run, temporary_conf, without_codegen
+from .spark.session import (
+    copy_session,
+    explains_spark_failures,
+    local_frame,
+    release,
+    small_run,
+    temporary_conf,
+    without_codegen,
+)
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -381,7 +389,7 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
                 by_path.setdefault(plans[oid].path, []).append(oid)
 
             def write(oids: list[int]) -> list[TableResult]:
-                session = _child_session(spark)
+                session = copy_session(spark)  # its own Delta transaction settings
                 out = []
                 for i, oid in enumerate(oids):
                     # A later relation on the same path finds the mirror as the earlier one left it.
@@ -446,20 +454,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
 def _save_open_rows(assembled: Assembled, ledger: Ledger, lo: int | None, hi: int) -> int:
     with _step("save open transactions"):
         return save_open_rows(assembled, ledger.pending_path, f"{ledger.pipeline}:pending", lo, hi)
-
-
-def _child_session(spark: SparkSession) -> SparkSession:
-    """A session of its own for one thread's Delta transaction settings, with a copy of the parent's
-    SQL settings as they are now (the small run's, `small_run`, among them).
-
-    Spark's ``cloneSession`` (``private[sql]`` in Scala, public to the JVM) copies them in the JVM:
-    6 round trips, about 4 ms on 2 cores. A new session given them from Python, ``conf.set`` for
-    each of ``conf.getAll``, took 195 round trips and 50-180 ms: PySpark reads that map one round
-    trip an entry. The clone also has the parent's current database, where a catalog name of one
-    part (`register`) goes, as the run checked it (a new session's is ``default``), and its
-    temporary views and functions (the package registers none).
-    """
-    return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())  # type: ignore[attr-defined]
 
 
 def _cannot_rebuild(name: str, reason: str) -> ConfigError:

@@ -42,7 +42,7 @@ from ..decoder.protocol import ReplicaIdentity
 from ..errors import PgoutputSparkError
 from ..spark.files import is_uri
 from ..spark.jvm import jvm_class
-from ..spark.session import temporary_conf
+from ..spark.session import copy_session, temporary_conf
 from .net import TableSpec
 
 _log = logging.getLogger(__name__)
@@ -605,7 +605,7 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
     """
     from ..spark.files import hadoop
 
-    session = spark.newSession()  # the listing's parallelism set for this call alone
+    session = copy_session(spark)  # the listing's parallelism set for this call alone
     session.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                      str(max(1, spark.sparkContext.defaultParallelism)))
     names = [name for (name,) in session.sql(f"VACUUM {path_table(path)} DRY RUN").collect()]

@@ -61,27 +61,35 @@ def test_column_expressions_send_no_call_site_to_the_jvm(spark):
     assert trips <= 14
 
 
-def test_a_writing_threads_session_is_a_copy_of_the_runs_settings_made_in_one_round_trip(spark):
-    """`apply._child_session`: each table's writing thread gets a session whose SQL settings are the
-    run's as they are when it starts (here a code generation mode other than the test session's
-    and a Delta table property, set for the run alone) and stay its own afterwards; Spark copies
-    them in the JVM."""
-    from pgoutput_spark.apply import _child_session
-    from pgoutput_spark.spark.session import temporary_conf
+def test_a_sessions_copy_has_its_settings_and_database_as_they_are_made_in_one_round_trip(spark):
+    """`copy_session` (each table's writing thread of an apply run, the vacuum's listing): a session
+    whose settings are the run's as they are when it is made (here a code generation mode other
+    than the test session's, a Delta table property and a file system setting, set for the run
+    alone), its current database too, and its own afterwards; Spark copies them in the JVM."""
+    from pgoutput_spark.spark.session import copy_session, temporary_conf
 
-    codegen, dv = "spark.sql.codegen.factoryMode", "spark.databricks.delta.properties.defaults.enableDeletionVectors"
-    before = {key: spark.conf.get(key, None) for key in (codegen, dv)}
-    with temporary_conf(spark, {codegen: "FALLBACK", dv: "false"}):
-        child, trips = _round_trips(spark, lambda: _child_session(spark))
-    assert before[codegen] != "FALLBACK" and before[dv] != "false"  # so the child has them from the run
-    assert {key: child.conf.get(key, None) for key in (codegen, dv)} == {codegen: "FALLBACK", dv: "false"}
-    assert {key: spark.conf.get(key, None) for key in (codegen, dv)} == before  # the parent's put back
-    assert child.conf.get("spark.sql.session.timeZone") == "UTC"  # `session.DEFAULTS`
-    child.conf.set("spark.databricks.delta.write.txnAppId", "thread-1")
+    run = {"spark.sql.codegen.factoryMode": "FALLBACK",
+           "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+           "fs.pgoutput-test.marker": "copied"}  # as a notebook sets storage keys: spark.conf.set
+    before = {key: spark.conf.get(key, None) for key in run}
+    assert all(before[key] != value for key, value in run.items())  # so the copy has them from the run
+    spark.sql("CREATE DATABASE IF NOT EXISTS copied_db")
+    try:
+        with temporary_conf(spark, run):
+            spark.sql("USE copied_db")
+            copy, trips = _round_trips(spark, lambda: copy_session(spark))
+            spark.sql("USE default")
+        assert {key: copy.conf.get(key, None) for key in run} == run
+        assert {key: spark.conf.get(key, None) for key in run} == before  # the run's put back
+        assert copy.catalog.currentDatabase() == "copied_db" and spark.catalog.currentDatabase() == "default"
+    finally:
+        spark.sql("USE default")
+        spark.sql("DROP DATABASE IF EXISTS copied_db")
+    assert copy.conf.get("spark.sql.session.timeZone") == "UTC"  # `session.DEFAULTS`
+    copy.conf.set("spark.databricks.delta.write.txnAppId", "thread-1")
     assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
-    assert child.sparkContext is spark.sparkContext
-    assert child.range(3).count() == 3
-    # The clone and the Python session around it (the constructor's own calls): 6 with PySpark
-    # 4.0.1. A new session given the settings from Python took 195: PySpark reads `conf.getAll` a
-    # round trip an entry, and each setting is one more.
-    assert trips <= 10, trips
+    assert copy.sparkContext is spark.sparkContext and copy.range(3).count() == 3
+    # The clone, the Python session around it (the constructor's own calls) and the current
+    # database taken: 9 with PySpark 4.0.1. A new session given the settings from Python took 195:
+    # PySpark reads `conf.getAll` a round trip an entry, and each setting is one more.
+    assert trips <= 12, trips

@@ -61,7 +61,7 @@ def test_column_expressions_send_no_call_site_to_the_jvm(spark):
     assert trips <= 14
 
 
-def test_a_sessions_copy_has_its_settings_and_database_as_they_are_made_in_one_round_trip(spark):
+def test_a_sessions_copy_has_its_settings_and_database_as_they_are_made_in_the_jvm(spark):
     """`copy_session` (each table's writing thread of an apply run, the vacuum's listing): a session
     whose settings are the run's as they are when it is made (here a code generation mode other
     than the test session's, a Delta table property and a file system setting, set for the run

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ..convert.dispatch import ARROW_ERRORS, convert, first_failure
 from ..decoder import arrow as ab
+from ..decoder import kernel
 from ..decoder.batch import restore_tuples
 from ..errors import TypeConversionError
 from ..lsn import Lsn
@@ -59,9 +60,43 @@ def change_schema(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
 
 def _tuple_values(tuples: pa.ListArray, rows: np.ndarray, columns: int) -> tuple[pa.Array, np.ndarray]:
     """The values of the tuples at ``rows`` (each row has one of ``columns`` values), column after
-    column, and where they sit in ``tuples.values`` (one take for all columns)."""
-    index = (tuples.offsets.to_numpy()[rows][None, :] + np.arange(columns)[:, None]).reshape(-1)
-    return tuples.values.field("value").take(pa.array(index)), index
+    column, and where they sit in ``tuples.values``.
+
+    Compiled, the bytes are copied in one pass over the tuples in their order, each value to its
+    column's place. Arrow's ``take`` by column instead jumps from row to row once per column: on a
+    wide table whose rows are larger than the CPU's caches, each of those reads waits for memory
+    (0.8 s for 430,000 rows of 20 columns, against about 0.1 s).
+    """
+    first = tuples.offsets.to_numpy()[rows]
+    index = (first[None, :] + np.arange(columns)[:, None]).reshape(-1)
+    values = tuples.values.field("value")
+    if kernel.numba is None or not ab.is_byte_strings(values.type) or not index.size:
+        return values.take(pa.array(index)), index
+    offsets = ab.value_offsets(values)
+    spread = np.zeros(index.size + 1, dtype=offsets.dtype)
+    np.cumsum(np.diff(offsets)[index], out=spread[1:])
+    data = values.buffers()[2]
+    source = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    out = np.empty(int(spread[-1]), dtype=np.uint8)
+    _by_column(offsets, source, first.astype(np.int64), columns, spread, out)
+    valid = np.asarray(values.is_valid())[index] if values.null_count else np.ones(index.size, dtype=bool)
+    return pa.Array.from_buffers(values.type, index.size, [ab.bitmap(valid), pa.py_buffer(spread),
+                                                           pa.py_buffer(out)],
+                                 null_count=int(index.size - np.count_nonzero(valid))), index
+
+
+@kernel._jit
+def _by_column(offsets, data, first, columns, spread, out):  # pragma: no cover - compiled
+    """Copy the value bytes of row r's column j (``data`` from ``offsets[first[r] + j]``) to ``out``
+    at ``spread[j * rows + r]``: the tuples read in order, each column written in order."""
+    rows = first.size
+    for r in range(rows):
+        e = first[r]
+        for j in range(columns):
+            start = offsets[e + j]
+            length = offsets[e + j + 1] - start
+            if length:
+                kernel._copy(out, spread[j * rows + r], data, start, length)
 
 
 def _only(values: pa.Array, keep: pa.Array) -> pa.Array:
@@ -117,8 +152,8 @@ def _at_change(exc: TypeConversionError, version: RelationVersion, column: str, 
 
 def _kinds(tuples: pa.ListArray) -> dict[str, np.ndarray]:
     """Per value of ``tuples.values``, whether its kind is text, binary, unchanged TOAST."""
-    kind = tuples.values.field("kind")
-    return {k: np.asarray(pc.fill_null(pc.equal(kind, k), False)) for k in "tbu"}
+    code = ab.char_codes(tuples.values.field("kind"))
+    return {k: code == ord(k) for k in "tbu"}
 
 
 def _spread(values: pa.Array, present: np.ndarray) -> pa.Array:

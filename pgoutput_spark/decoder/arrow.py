@@ -90,6 +90,22 @@ def char_array(codes: np.ndarray, valid: np.ndarray) -> pa.StringArray:
     )
 
 
+def char_codes(array: pa.Array) -> np.ndarray:
+    """The byte of each one-character string of ``array`` (as `char_array` builds them), 0 where a
+    value is NULL or not one byte long; read from the buffers, no string compared."""
+    if not len(array):
+        return np.zeros(0, dtype=np.uint8)
+    offsets = value_offsets(array)
+    data = array.buffers()[2]
+    one = np.diff(offsets) == 1
+    if array.null_count:
+        one &= np.asarray(array.is_valid())
+    if data is None or not one.any():
+        return np.zeros(len(array), dtype=np.uint8)
+    first = np.frombuffer(data, dtype=np.uint8)[np.where(one, offsets[:-1], 0)]
+    return np.where(one, first, 0).astype(np.uint8)
+
+
 def list_array(counts: np.ndarray, valid: np.ndarray, values: pa.Array,
                value_type: pa.DataType) -> pa.ListArray:
     """A list array whose element i holds ``counts[i]`` consecutive ``values``."""
@@ -123,6 +139,7 @@ __all__ = [
     "binary_array",
     "bitmap",
     "char_array",
+    "char_codes",
     "list_array",
     "mask_array",
     "string_array",

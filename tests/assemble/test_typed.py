@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -208,3 +209,32 @@ def test_values_spread_over_their_rows_equal_arrows_take(data):
     spread = _spread(array, present)
     spread.validate(full=True)
     assert spread.equals(array.take(pa.array(np.cumsum(present) - 1, mask=~present)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_tuple_values_by_column_equal_arrows_take_and_kinds_read_from_bytes(data):
+    """The compiled copy of the tuples' values, column after column, equals Arrow's ``take`` of the
+    same positions (text, binary, NULL and unchanged-TOAST values; some rows without a tuple; a
+    sliced batch), and the kinds read from the kind column's bytes equal comparing its strings."""
+    from pgoutput_spark.assemble import typed
+    from pgoutput_spark.decoder import arrow as ab
+
+    width = data.draw(st.integers(1, 4))
+    value = st.sampled_from(["n", "u"]).map(lambda k: (k, None)) | st.tuples(
+        st.sampled_from(["t", "b"]), st.binary(max_size=9))
+    tuples = data.draw(st.lists(st.none() | st.lists(value, min_size=width, max_size=width), min_size=1,
+                                max_size=10))
+    messages = [b.relation(1, "public", "t", "f", [(1, f"c{j}", 17, -1) for j in range(width)])]
+    messages += [b.delete(1, b.tuple_data(*t), "O") if t is not None else b.truncate([1]) for t in tuples]
+    decoded, batch = _rows(messages)
+    skip = data.draw(st.integers(0, len(tuples)))
+    side = batch.column("change").field("old_tuple").slice(skip)
+    rows = np.flatnonzero(np.asarray(side.is_valid()))
+    compiled, index = typed._tuple_values(side, rows, width)
+    compiled.validate(full=True)
+    assert compiled.equals(side.values.field("value").take(pa.array(index)))
+    kind = side.values.field("kind")
+    codes = ab.char_codes(kind)
+    for k in "tbun":
+        assert np.array_equal(codes == ord(k), np.asarray(pc.fill_null(pc.equal(kind, k), False)))

@@ -95,6 +95,13 @@ def parse_iso(raw: RawValues, pattern: str, *, time: bool, zone: bool) -> tuple[
 ]:
     """`extract_fields` for DateStyle ISO text: the usual shape by position (`iso`), the rest by regex."""
     fields, ok = iso_fields(raw, time=time, zone=zone)
+    return extract_rest(raw, fields, ok, pattern, _DATESTYLE)
+
+
+def extract_rest(raw: RawValues, fields: dict[str, np.ndarray], ok: np.ndarray, pattern: str,
+                 reason: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """`extract_fields` where a fast path gave ``fields`` for the values it read (``ok``): the
+    other valid values, by regex, into the same arrays (their errors as `extract_fields` words them)."""
     plus = np.zeros(raw.n, dtype=bool)
     minus = np.zeros(raw.n, dtype=bool)
     rest = raw.valid & ~ok
@@ -102,7 +109,7 @@ def parse_iso(raw: RawValues, pattern: str, *, time: bool, zone: bool) -> tuple[
         rows = np.flatnonzero(rest)
         subset = RawValues(raw.as_binary().filter(pa.array(rest)))
         try:
-            slow, plus[rows], minus[rows] = extract_fields(subset, subset.as_string(), pattern, _DATESTYLE)
+            slow, plus[rows], minus[rows] = extract_fields(subset, subset.as_string(), pattern, reason)
         except ValueFailure as failure:
             raise ValueFailure(int(rows[failure.index]), failure.reason) from None
         for name, values in slow.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import struct
 from decimal import Decimal
@@ -352,3 +353,44 @@ def test_the_compiled_iso_fields_equal_the_numpy_ones(texts, shape):
     assert set(compiled) == set(numpy_fields)
     for name, values in compiled.items():
         assert values[ok].tolist() == numpy_fields[name][ok].tolist(), name
+
+
+# -- the compiled interval walk against the regex -------------------------------------------------
+
+# Parts as PostgreSQL prints them (IntervalStyle postgres), then near misses the walk leaves to the regex.
+_INTERVAL_PARTS = (["1 year", "-2 years", "+3 years", "178956970 years"], ["1 mon", "-11 mons", "+1 mon"],
+                   ["1 day", "-1 days", "31 days"], ["00:00:00", "-01:02:03", "+838:59:59", "00:00:00.5",
+                                                     "-00:00:00.000001", "12:34:56.123456"])
+_PRINTED_INTERVALS = st.tuples(*(st.none() | st.sampled_from(part) for part in _INTERVAL_PARTS)).map(
+    lambda parts: " ".join(p for p in parts if p is not None)).filter(bool)
+_NEAR_MISSES = st.tuples(
+    st.sampled_from(["", "1 year", "1 yearss", "1 yr", "-1 years ", "1 day 2 years", "1 mon 1 year", "1 year 1 year"]),
+    st.sampled_from(["", " 1 mon", "2 mons", " 1 month", " 1  mon"]),
+    st.sampled_from(["", " 1 day", " 99999999999999999999 days", "1 day"]),
+    st.sampled_from(["", " 00:00:00", " 1:2:3", " 01:02", " 01:02:03x", " --01:00:00", " 01:02:03.1234567",
+                     " 01:02:03.", " 01:02:03.12a"]),
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.none() | _PRINTED_INTERVALS | _NEAR_MISSES | st.text(alphabet="0123456789 :.+-adeymnors",
+                                                                          max_size=30),
+                min_size=1, max_size=20))
+def test_the_compiled_interval_fields_equal_the_regexs(texts):
+    """Intervals as PostgreSQL prints them, near misses and random text: the compiled walk reads
+    every printed one, and every value it reads the regex reads to the same fields (the regex
+    reads the rest), so a column converts the same with or without the walk."""
+    from pgoutput_spark.convert import interval
+    from pgoutput_spark.convert.dates import extract_fields
+    from pgoutput_spark.convert.raw import RawValues
+
+    raw = RawValues(pa.array([b"x", *(None if t is None else t.encode() for t in texts)], pa.binary()).slice(1))
+    walked, ok = interval._interval_fields(raw)
+    printed = {" ".join(filter(None, p)) for p in itertools.product(*([""] + part for part in _INTERVAL_PARTS))}
+    assert all(ok[i] for i, t in enumerate(texts) if t and t in printed)
+    if ok.any():
+        read = RawValues(raw.as_binary().filter(pa.array(ok)))
+        regex, _, _ = extract_fields(read, read.as_string(), interval._PATTERN, "bad")  # raises if one fails
+        assert set(regex) == set(walked)
+        for name, values in regex.items():
+            assert walked[name][ok].tolist() == values.tolist(), name

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .codec import Codec, fixed_type, require_match
+from .codec import Codec, fixed_type, require_match, require_number
 from .oids import BuiltinType
 from .pgtype import PgType
 from .raw import RawValues, fail_where, primitive_array
@@ -49,7 +49,8 @@ def _bool_binary(raw: RawValues, t: PgType) -> pa.Array:
 def _integer_codec(arrow: pa.DataType, wire: str, what: str) -> Codec:
     def text(raw: RawValues, t: PgType) -> pa.Array:
         strings = raw.as_string()
-        require_match(raw, strings, _INTEGER, f"{what} text must be digits with an optional '-'")
+        require_number(raw, strings, _INTEGER, f"{what} text must be digits with an optional '-'",
+                       fraction=False, exponent=False, specials=False)
         return pc.cast(strings, arrow)  # out of range -> ArrowInvalid
 
     def binary(raw: RawValues, t: PgType) -> pa.Array:
@@ -74,7 +75,8 @@ def _oid_text(raw: RawValues, t: PgType) -> pa.Array:
 def _float_codec(arrow: pa.DataType, wire: str, what: str) -> Codec:
     def text(raw: RawValues, t: PgType) -> pa.Array:
         strings = raw.as_string()
-        require_match(raw, strings, _FLOAT, f"{what} text must be a decimal number, NaN or [-]Infinity")
+        require_number(raw, strings, _FLOAT, f"{what} text must be a decimal number, NaN or [-]Infinity",
+                       fraction=True, exponent=True, specials=True)
         return pc.cast(strings, arrow)
 
     def binary(raw: RawValues, t: PgType) -> pa.Array:

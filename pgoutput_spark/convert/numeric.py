@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .codec import Codec, fixed_type, matches, require_match
+from .codec import Codec, fixed_type, matches, require_number
 from .oids import BuiltinType
 from .pgtype import PgType, numeric_modifier
 from .raw import RawValues, fail_where, gather_index, primitive_array, string_from_parts
@@ -58,7 +58,8 @@ def _to_decimal(raw: RawValues, text: pa.Array, decimal: pa.Decimal128Type, t: P
 
 def _numeric_text(raw: RawValues, t: PgType) -> pa.Array:
     strings = raw.as_string()
-    require_match(raw, strings, _NUMERIC_TEXT, "numeric text must be a decimal number, NaN or [-]Infinity")
+    require_number(raw, strings, _NUMERIC_TEXT, "numeric text must be a decimal number, NaN or [-]Infinity",
+                   fraction=True, exponent=False, specials=True)
     decimal = decimal_type(t)
     return strings if decimal is None else _to_decimal(raw, strings, decimal, t)
 
@@ -80,7 +81,8 @@ def numeric_as(raw: RawValues, t: PgType, target: pa.DataType, format: str) -> p
     """
     if format == "text":
         text = raw.as_string()
-        require_match(raw, text, _NUMERIC_TEXT, "numeric text must be a decimal number, NaN or [-]Infinity")
+        require_number(raw, text, _NUMERIC_TEXT, "numeric text must be a decimal number, NaN or [-]Infinity",
+                       fraction=True, exponent=False, specials=True)
     else:
         text = numeric_binary_to_text(raw)
     special = raw.valid & matches(text, _SPECIAL_TEXT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 import struct
@@ -394,3 +395,32 @@ def test_the_compiled_interval_fields_equal_the_regexs(texts):
         assert set(regex) == set(walked)
         for name, values in regex.items():
             assert walked[name][ok].tolist() == values.tolist(), name
+
+
+# -- the compiled check of a number's text against its regex ---------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.none() | st.text(alphabet="0123456789-+.eENaInfity x", max_size=12)
+                | st.sampled_from(["NaN", "-NaN", "Infinity", "-Infinity", "+Infinity", "1e+05", "-1.5e-07",
+                                   "1.e5", ".5", "1.", "-", "1e5", "1e55", "1E+05", "12", "-0", "1.25"]),
+                min_size=1, max_size=12),
+       st.sampled_from(["int", "numeric", "float"]))
+def test_the_compiled_number_check_equals_its_regex(texts, kind):
+    """int, numeric and float text: the compiled check finds a value bad exactly where the
+    pattern it stands for does not match (the first one, as `require_match` reports it)."""
+    from pgoutput_spark.convert import codec, numbers, numeric
+    from pgoutput_spark.convert.raw import RawValues, ValueFailure
+
+    pattern, flags = {"int": (numbers._INTEGER, (False, False, False)),
+                      "numeric": (numeric._NUMERIC_TEXT, (True, False, True)),
+                      "float": (numbers._FLOAT, (True, True, True))}[kind]
+    raw = RawValues(pa.array([b"x", *(None if t is None else t.encode() for t in texts)], pa.binary()).slice(1))
+    strings = raw.as_string()
+    expected = raw.valid & ~codec.matches(strings, pattern)
+    fraction, exponent, specials = flags
+    with pytest.raises(ValueFailure) if expected.any() else contextlib.nullcontext() as raised:
+        codec.require_number(raw, strings, pattern, "bad", fraction=fraction, exponent=exponent,
+                             specials=specials)
+    if expected.any():
+        assert raised.value.index == int(expected.argmax())

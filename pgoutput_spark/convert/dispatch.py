@@ -200,8 +200,11 @@ def first_failure(run: Run, values: pa.Array, suspect: int, reason: str) -> tupl
     """
 
     def fails(start: int, length: int) -> str | None:
+        part = values.slice(start, length)
+        if part.null_count == length:  # as `convert`, which never runs a converter on NULLs alone
+            return None
         try:
-            run(values.slice(start, length))
+            run(part)
         except ValueFailure as failure:
             return failure.reason
         except ARROW_ERRORS as error:

@@ -424,3 +424,51 @@ def test_the_compiled_number_check_equals_its_regex(texts, kind):
                              specials=specials)
     if expected.any():
         assert raised.value.index == int(expected.argmax())
+
+
+# -- every compiled path against the NumPy / regex one it stands in for ---------------------------
+
+_TYPES = {"int4": PgType(23), "float8": PgType(701), "numeric": PgType(1700),
+          "numeric(10,2)": PgType(1700, (10 << 16 | 2) + 4), "interval": PgType(1186), "bytea": PgType(17)}
+_TEXTS = {
+    "int4": st.sampled_from(["0", "-2147483648", "2147483647", "2147483648", "12", "+1", "1.0", "", "x"]),
+    "float8": st.sampled_from(["1.5", "-0", "1e+300", "NaN", "-Infinity", "1e5", "1.", "inf"]),
+    "numeric": st.sampled_from(["1.25", "-3", "NaN", "Infinity", "1e5", "12345678901234567890.1", "."]),
+    "numeric(10,2)": st.sampled_from(["1.25", "-3", "NaN", "12345678.9", "123456789.1", "0.005", "-"]),
+    "interval": st.sampled_from(["1 year 2 mons", "-1 days +02:00:00", "00:00:00.5", "infinity", "1 yr",
+                                 "3 days -01:02:03.1234567", "2 mons  1 day"]),
+    "bytea": st.sampled_from(["\\x", "\\x00ff", "\\xDEADbeef", "\\x0g", "\\x123", "plain", "a\\\\b", "\\001"]),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(_TEXTS)).flatmap(lambda name: st.tuples(
+    st.just(name), st.lists(st.none() | _TEXTS[name], min_size=1, max_size=10))))
+def test_compiled_conversions_give_what_numpy_and_regex_give(case):
+    """A column converts to the same values, or fails on the same value for the same reason, with
+    numba's compiled walks and without them (NumPy and RE2 only, as where numba is missing)."""
+    from pgoutput_spark.decoder import kernel
+
+    name, texts = case
+    t = _TYPES[name]
+    values = pa.array([None if v is None else v.encode() for v in texts], pa.binary())
+
+    def outcome():
+        try:
+            return repr(convert(values, t, format="text").to_pylist())  # repr: NaN equals NaN
+        except TypeConversionError as error:
+            return ("error", error.index, error.reason)
+
+    compiled = outcome()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernel, "numba", None)
+        assert outcome() == compiled
+
+
+def test_a_bad_value_after_nulls_is_named_not_an_assertion():
+    """Finding the first bad value bisects the column; a part of NULLs alone is not converted
+    (bytea's converter has nothing to return for it)."""
+    values = pa.array([None, None, b"\\x00", None, b"\\x0g"], pa.binary())
+    with pytest.raises(TypeConversionError) as raised:
+        convert(values, PgType(17), format="text")
+    assert (raised.value.index, raised.value.reason) == (4, "bytea hex text has a non-hex digit")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .codec import Codec, fixed_type, require_match
+from .codec import Codec, fixed_type
 from .oids import BuiltinType
 from .pgtype import PgType
-from .raw import RawValues, string_from_matrix
+from .raw import RawValues, fail_where, string_from_matrix
 
 HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _HEX_COLUMNS = np.r_[0:8, 9:13, 14:18, 19:23, 24:36]
+_DASHES = [8, 13, 18, 23]
 
 
 def hex_pairs(matrix: np.ndarray) -> np.ndarray:
@@ -24,8 +25,17 @@ def hex_pairs(matrix: np.ndarray) -> np.ndarray:
 
 
 def _uuid_text(raw: RawValues, t: PgType) -> pa.Array:
+    """The text as it is, once every value is checked to be what `_UUID` matches: by its bytes'
+    positions (an RE2 match per value cost about ten times as much)."""
     strings = raw.as_string()
-    require_match(raw, strings, _UUID, "uuid text must be 32 lower-case hex digits as 8-4-4-4-12")
+    fits = np.flatnonzero(raw.valid & (raw.lengths == 36))
+    good = np.zeros(raw.n, dtype=bool)
+    if fits.size:
+        chars = raw.data[raw.starts[fits, None] + np.arange(36)]
+        digits = chars[:, _HEX_COLUMNS]
+        good[fits] = ((((digits >= 48) & (digits <= 57)) | ((digits >= 97) & (digits <= 102))).all(axis=1)
+                      & (chars[:, _DASHES] == 45).all(axis=1))  # 0-9, a-f; '-'
+    fail_where(raw.valid & ~good, "uuid text must be 32 lower-case hex digits as 8-4-4-4-12")
     return strings
 
 

@@ -472,3 +472,28 @@ def test_a_bad_value_after_nulls_is_named_not_an_assertion():
     with pytest.raises(TypeConversionError) as raised:
         convert(values, PgType(17), format="text")
     assert (raised.value.index, raised.value.reason) == (4, "bytea hex text has a non-hex digit")
+
+
+_UUIDS = ["123e4567-e89b-12d3-a456-426614174000", "123E4567-e89b-12d3-a456-426614174000",
+          "123e4567e89b-12d3-a456-426614174000-", "123e4567-e89b-12d3-a456-42661417400",
+          "123e4567-e89b-12d3-a456-4266141740000", "{123e4567-e89b-12d3-a456-42661417400}",
+          "123e4567-e89b-12d3-a456-42661417400g", "123e4567-e89b-12d3-a456_426614174000"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | st.sampled_from(_UUIDS) | st.text(alphabet="0123456789abcdefg-", min_size=34, max_size=37),
+                min_size=1, max_size=8))
+def test_uuid_text_is_checked_as_its_pattern_says(texts):
+    """uuid text, checked by its bytes' positions: bad exactly where `_UUID` does not match, the
+    first such value named."""
+    from pgoutput_spark.convert import codec
+    from pgoutput_spark.convert import uuid as uuid_codec
+    from pgoutput_spark.convert.raw import RawValues
+
+    values = pa.array([None if t is None else t.encode() for t in texts], pa.binary())
+    raw = RawValues(values)
+    bad = raw.valid & ~codec.matches(raw.as_string(), uuid_codec._UUID)
+    with pytest.raises(TypeConversionError) if bad.any() else contextlib.nullcontext() as raised:
+        assert convert(values, PgType(2950), format="text").to_pylist() == texts
+    if bad.any():
+        assert raised.value.index == int(bad.argmax())

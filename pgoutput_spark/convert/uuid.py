@@ -26,16 +26,16 @@ def hex_pairs(matrix: np.ndarray) -> np.ndarray:
 
 def _uuid_text(raw: RawValues, t: PgType) -> pa.Array:
     """The text as it is, once every value is checked to be what `_UUID` matches: by its bytes'
-    positions (an RE2 match per value cost about ten times as much)."""
+    positions, in a 36-byte row per value (about half the time of an RE2 match per value). The
+    first bad value is the one `convert` names (it bisects for it)."""
     strings = raw.as_string()
-    fits = np.flatnonzero(raw.valid & (raw.lengths == 36))
-    good = np.zeros(raw.n, dtype=bool)
-    if fits.size:
-        chars = raw.data[raw.starts[fits, None] + np.arange(36)]
-        digits = chars[:, _HEX_COLUMNS]
-        good[fits] = ((((digits >= 48) & (digits <= 57)) | ((digits >= 97) & (digits <= 102))).all(axis=1)
-                      & (chars[:, _DASHES] == 45).all(axis=1))  # 0-9, a-f; '-'
-    fail_where(raw.valid & ~good, "uuid text must be 32 lower-case hex digits as 8-4-4-4-12")
+    reason = "uuid text must be 32 lower-case hex digits as 8-4-4-4-12"
+    fail_where(raw.valid & (raw.lengths != 36), reason)
+    chars = raw.fixed(36, "uuid text")  # the values end to end, one row each (NULL rows zero)
+    digits = chars[:, _HEX_COLUMNS]
+    good = ((((digits >= 48) & (digits <= 57)) | ((digits >= 97) & (digits <= 102))).all(axis=1)
+            & (chars[:, _DASHES] == 45).all(axis=1))  # 0-9, a-f; '-'
+    fail_where(raw.valid & ~good, reason)
     return strings
 
 

@@ -99,11 +99,12 @@ def _per_column(batches: list[pa.RecordBatch], history: Any, oid: int, schema: p
             values, index = typed._tuple_values(tuples, have, width)
             gather += time.perf_counter() - started
             m = have.size
+            text, binary = kinds["t"][index], kinds["b"][index]  # once, as `_typed_tuple` does
             for j, column in enumerate(version.columns):
                 part = slice(j * m, (j + 1) * m)
                 started = time.perf_counter()
-                typed._convert_values(values.slice(j * m, m), kinds["t"][index][part], kinds["b"][index][part],
-                                      version, history, j, schema.field(column.name).type)
+                typed._convert_values(values.slice(j * m, m), text[part], binary[part], version, history, j,
+                                      schema.field(column.name).type)
                 seconds[column.name] += time.perf_counter() - started
     return {"gather_s": gather, "columns_s": dict(sorted(seconds.items(), key=lambda kv: -kv[1]))}
 

@@ -131,7 +131,7 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
     ts_type = schema.field("_valid_from_ts").type
     parts = []
     if versions:
-        cols = {name: p.data[name].take(pa.array([_provenance(v[0], j) for v in versions]))
+        cols = {name: p.values(name, np.array([_provenance(v[0], j) for v in versions], np.int64))
                 for j, name in enumerate(p.names)}
         starts = np.array([v[1] for v in versions], dtype=np.int64)
         ends = [v[2] for v in versions]

@@ -216,8 +216,13 @@ def _var_column(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndar
     return np.concatenate(addresses), np.concatenate(lengths)
 
 
-def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int = -1) -> np.ndarray:
+def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int = -1,
+              sources: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
     """One integer per row, equal for rows whose values are equal in every column (dense: ``0 .. k-1``).
+
+    ``sources``: per column, None or the row whose value stands for each row's (row ``i`` has
+    the value of row ``sources[i]``): a column's values filled in from other rows without
+    copying them.
 
     Compiled (numba), in one pass per column: fixed-width columns give their bits, byte strings
     their bytes (read in their Arrow buffers), other columns their `_column_codes`; every row
@@ -228,18 +233,29 @@ def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int =
     On `bench_wide`'s 1,036,800 new and old rows of 20 columns: 0.64-0.68 s against 2.2-2.4 s
     pairwise.
     """
+    sources = list(sources) if sources is not None else [None] * len(columns)
+
+    def mapped(arrays: list[np.ndarray], source: np.ndarray | None) -> list[np.ndarray]:
+        return arrays if source is None else [a[source] for a in arrays]
+
     if kernel.numba is not None:
         n = len(columns[0])
         words: list[np.ndarray] = []
         valid: list[np.ndarray] = []
         var_columns: list[tuple[np.ndarray, np.ndarray]] = []
-        for column in columns:
+        for column, source in zip(columns, sources):
             if _fixed_width(column.type):
-                _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column, words, valid)
+                its_words: list[np.ndarray] = []
+                its_valid: list[np.ndarray] = []
+                _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column,
+                             its_words, its_valid)
+                words.extend(mapped(its_words, source))
+                valid.extend(mapped(its_valid, source))
             elif ab.is_byte_strings(column.type):
-                var_columns.append(_var_column(column))
+                address, length = mapped(list(_var_column(column)), source)
+                var_columns.append((address, length))
             else:
-                words.append(_column_codes(column))
+                words.extend(mapped([_column_codes(column)], source))
         words.extend(_packed(valid, n))
         words = [np.ascontiguousarray(w, dtype=np.int64) for w in words]
         hashes = np.full(n, HASH_SEED, dtype=np.uint64)
@@ -251,7 +267,7 @@ def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int =
         if (all(same_words(w, first) for w in words)
                 and all(same_bytes(address, length, first) for address, length in var_columns)):
             return codes
-    codes = [_column_codes(c) for c in columns]
+    codes = [mapped([_column_codes(c)], source)[0] for c, source in zip(columns, sources)]
     return codes[0] if len(codes) == 1 else key_codes_from(codes)
 
 
@@ -322,7 +338,7 @@ class Prepared:
     """
 
     rows: pa.Table
-    data: dict[str, pa.ChunkedArray]  # the data columns (unchanged TOAST filled in for multisets)
+    data: dict[str, pa.ChunkedArray]  # the data columns as they came (`values` fills them in)
     old: pa.ChunkedArray  # the ``_old`` struct column
     names: list[str]
     op: np.ndarray  # each row's operation, as its position in `walk.OPS`
@@ -334,6 +350,19 @@ class Prepared:
     unchanged_columns: np.ndarray
     key_arrays: list[pa.ChunkedArray]  # new keys (rows 0..n-1) then old keys (n..2n-1), per key column
     commit_order: np.ndarray  # row indices in commit order
+    # A multiset's key columns sent as unchanged TOAST: per column, the rows whose value is their
+    # old row's (bool per row). Filled in where values are taken (`values`), and in the key
+    # codes by the rows' positions (`key_codes`' ``sources``), never copied whole.
+    filled: dict[str, np.ndarray]
+
+    def values(self, name: str, rows: np.ndarray) -> pa.ChunkedArray:
+        """Column ``name`` at ``rows`` (positions in ``rows``), unchanged TOAST filled in."""
+        index = pa.array(rows, pa.int64())
+        values = self.data[name].take(index)
+        hit = self.filled.get(name)
+        if hit is None or not hit[rows].any():
+            return values
+        return pc.if_else(pa.array(hit[rows]), _field(self.old, name).take(index), values)
 
     @property
     def n_codes(self) -> int:
@@ -392,6 +421,7 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
     unchanged_rows, unchanged_columns = _unchanged_pairs(_one_array(rows.column("_unchanged_toast")), names) \
         if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
+    filled: dict[str, np.ndarray] = {}
     if spec.mode == "multiset":
         # The whole row is the identity: an unchanged column of the new row is the old row's value.
         for j in np.unique(unchanged_columns).tolist():
@@ -399,14 +429,18 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
             if name in spec.key:
                 hit = np.zeros(n, dtype=bool)
                 hit[unchanged_rows[unchanged_columns == j]] = True
-                data[name] = pc.if_else(pa.array(hit), _field(old, name), data[name])
+                filled[name] = hit
         unchanged_rows, unchanged_columns = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space.
+    # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space; a filled
+    # new key is coded as its old row's (row n + i).
     key_arrays = [pa.chunked_array([*data[k].chunks, *_field(old, k).cast(data[k].type).chunks], data[k].type)
                   for k in spec.key]
-    codes = key_codes(key_arrays) if spec.key else np.zeros(2 * n, dtype=np.int64)
+    sources = [None if k not in filled else np.where(np.append(filled[k], np.zeros(n, bool)),
+                                                    np.arange(2 * n) + n, np.arange(2 * n))
+               for k in spec.key]
+    codes = key_codes(key_arrays, sources=sources) if spec.key else np.zeros(2 * n, dtype=np.int64)
     return Prepared(rows, data, old, names, op, seqs, np.asarray(codes, dtype=np.int64), has_old,
-                    unchanged_rows, unchanged_columns, key_arrays, order)
+                    unchanged_rows, unchanged_columns, key_arrays, order, filled)
 
 
 def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
@@ -460,7 +494,7 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
             take = rows.copy()
             mine = pair_columns[pairs] == j
             take[owner[mine]] = sources[pairs[mine]]
-            cols[name] = p.data[name].take(pa.array(take))
+            cols[name] = p.values(name, take)
         parts.append(_frame(schema, "upsert", p, last[upserts], None, cols))
     if deletes.size:
         positions = pa.array(p.first_positions(deletes))
@@ -491,7 +525,7 @@ def _skipped_frame(schema: pa.Schema, p: Prepared, rows: np.ndarray, toast: np.n
     toasted = np.zeros(rows.size, dtype=bool) if toast is None else toast
     reasons = [_skipped_reason("delete" if d else "update", bool(t))
                for d, t in zip(deleting.tolist(), toasted.tolist())]
-    cols = {name: pc.if_else(is_delete, _field(p.old, name).take(index), p.data[name].take(index))
+    cols = {name: pc.if_else(is_delete, _field(p.old, name).take(index), p.values(name, rows))
             for name in p.names}
     return _frame(schema, "skipped", p, rows, reasons, cols)
 
@@ -517,8 +551,8 @@ def _multiset(p: Prepared) -> pa.Table:
     schema = out_schema(p.rows.schema)
     parts: list[pa.Table] = []
     if of.size:
-        index = pa.array(rep[codes][of])
-        cols = {name: p.data[name].take(index) for name in p.names}
+        index = rep[codes][of]
+        cols = {name: p.values(name, index) for name in p.names}
         parts.append(_frame(schema, "", p, last[codes][of], None, cols,
                             actions=np.where(delete_all, 1, 0).astype(np.int32),
                             inserted=grows[of].astype(np.int64),

@@ -657,7 +657,7 @@ def _converted_net(session: SparkSession, committed: DataFrame, oid: int, histor
                    spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool) -> DataFrame:
     """A table's committed change rows converted and netted in one task (`converted_net_frame`);
     ``tuples`` as for `relation_rows`."""
-    return converted_net_frame(relation_rows(committed, oid, tuples=tuples),
+    return converted_net_frame(relation_rows(committed, oid, tuples=tuples, transactions=False),
                                converter(session, oid, history, arrow_schema), spec, arrow_schema)
 
 
@@ -715,7 +715,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if local:  # a few rows: on the driver, no task
             with _step(f"{name}: convert, {'pre-image, ' if looks_up else ''}net change on the driver"):
                 net, summary = local_converted_net(
-                    relation_rows(committed, oid, tuples=tuples),
+                    relation_rows(committed, oid, tuples=tuples, transactions=False),
                     converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema,
                     look_up=((lambda keys, schema: pre_image(session, plan.path, keys, schema, spec))
                              if looks_up else None))

@@ -234,6 +234,9 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     ``commit_seq``, ``commit_lsn``, ``commit_ts``, ``txn_xid``, ``txn_origin``)
     of this relation only. With ``raw`` (and ``in_stream``), the tuples `decode`
     deferred are decoded here (`restore_tuples`) and ``change`` may be left out.
+    Without ``commit_lsn``, ``commit_ts``, ``txn_xid`` and ``txn_origin`` (a
+    mirror's net change reads none of them), ``_commit_lsn``, ``_commit_ts``,
+    ``_xid`` and ``_origin`` are NULL.
     """
     if "raw" in batch.schema.names:
         batch = restore_tuples(batch)
@@ -297,9 +300,12 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     has_old = np.asarray(old_tuples.is_valid())
     old_struct = pa.StructArray.from_arrays(list(old_columns.values()), fields=list(old_type),
                                             mask=pa.array(~has_old))
+    def transaction(name: str, type_: pa.DataType) -> pa.Array:
+        return batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
+
     meta = [
-        op, batch.column("commit_lsn"), batch.column("commit_ts").cast(pa.timestamp("us", tz="UTC")),
-        batch.column("commit_seq"), batch.column("seq"), batch.column("txn_xid"),
-        batch.column("txn_origin"), unchanged_lists, change.field("old_kind"),
+        op, transaction("commit_lsn", pa.int64()), transaction("commit_ts", pa.timestamp("us", tz="UTC")),
+        batch.column("commit_seq"), batch.column("seq"), transaction("txn_xid", pa.int64()),
+        transaction("txn_origin", pa.string()), unchanged_lists, change.field("old_kind"),
     ]
     return pa.RecordBatch.from_arrays([*meta, old_struct, *columns.values()], schema=schema)

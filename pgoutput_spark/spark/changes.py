@@ -33,13 +33,22 @@ CHANGE_ROW_COLUMNS = ["seq", "lsn", "message_type", "in_stream", "change", "trun
 TASK_COLUMNS = ["seq", "lsn", "message_type", "in_stream", "raw", "commit_seq", "commit_lsn", "commit_ts",
                 "txn_xid", "txn_origin"]
 
+#: The columns of `TASK_COLUMNS` that only describe the transaction (`typed_changes` leaves
+#: them NULL where they are not sent): a mirror's net change reads none of them.
+TRANSACTION_COLUMNS = ["commit_lsn", "commit_ts", "txn_xid", "txn_origin"]
 
-def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True) -> DataFrame:
+
+def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True,
+                  transactions: bool = True) -> DataFrame:
     """Committed changes of one relation, truncates included (one row per truncated table).
 
     ``tuples``: also pass the ``change`` column, needed unless every change's
     tuples were deferred (`decode` with ``tuples=False``): then `typed_changes`
     decodes them from ``raw``.
+    ``transactions``: also pass `TRANSACTION_COLUMNS`. A mirror's net change
+    needs none of them, and each column a Python task receives costs the JVM's
+    Arrow writer time on every row (`bench_wide`'s 518,400 rows: its task was fed
+    in 4.6 s instead of 5.9 s, means of three runs, `benchmarks/apply.py`).
     """
     is_truncate = F.col("message_type") == "truncate"
     # The OID as an array literal: Spark's generated code refers to it where it would write an
@@ -49,7 +58,8 @@ def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True
     return committed.where(
         (~is_truncate & F.array_contains(oid, F.col("change.relation_id")))
         | (is_truncate & F.arrays_overlap(F.col("truncate.relation_ids"), oid))
-    ).select(*TASK_COLUMNS, *(["change"] if tuples else []))
+    ).select(*(c for c in TASK_COLUMNS if transactions or c not in TRANSACTION_COLUMNS),
+             *(["change"] if tuples else []))
 
 
 def typed_change_frame(committed: DataFrame, relation_id: int, history: RelationHistory,

@@ -67,6 +67,30 @@ def test_versions_typed_values_unchanged_toast_and_old_key():
     assert schema.field("n").type == pa.int64()
 
 
+def test_rows_without_their_transactions_columns_convert_alike_with_those_left_null():
+    """`relation_rows(transactions=False)` (a mirror's net change): no commit LSN, time, xid or
+    origin sent; the typed rows are the same, those four columns NULL."""
+    messages = [
+        b.relation(1, "public", "t", "f", [(1, "id", 23, -1), (1, "note", 25, -1)]),
+        b.insert(1, b.tuple_data(("t", b"1"), ("t", b"a"))),
+        b.update(1, b.tuple_data(("t", b"1"), ("u", None)), b.tuple_data(("t", b"1"), ("t", b"a")), "O"),
+        b.delete(1, b.tuple_data(("t", b"1"), ("t", b"a")), "O"),
+        b.truncate([1]),
+    ]
+    decoded, batch = _rows(messages)
+    history = _history(decoded)
+    schema = change_schema(history.table_columns(1))
+    batch = batch.filter(pa.array([False, True, True, True, True]))
+    whole = typed_changes(batch, 1, history, schema)
+    transactions = ["commit_lsn", "commit_ts", "txn_xid", "txn_origin"]
+    thin = typed_changes(batch.drop_columns(transactions), 1, history, schema)
+    left_null = ["_commit_lsn", "_commit_ts", "_xid", "_origin"]
+    assert thin.schema == schema
+    assert all(thin.column(name).null_count == thin.num_rows for name in left_null)
+    assert whole.column("_commit_lsn").to_pylist() == [5] * 4 and whole.column("_xid").to_pylist() == [7] * 4
+    assert thin.drop_columns(left_null).equals(whole.drop_columns(left_null))
+
+
 def test_change_before_any_relation_message_names_oid_and_seq():
     decoded, batch = _rows([b.insert(77, b.tuple_data(("t", b"1")))])
     history = RelationHistory()

@@ -300,6 +300,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
     has_old = np.asarray(old_tuples.is_valid())
     old_struct = pa.StructArray.from_arrays(list(old_columns.values()), fields=list(old_type),
                                             mask=pa.array(~has_old))
+
     def transaction(name: str, type_: pa.DataType) -> pa.Array:
         return batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
 

@@ -356,7 +356,8 @@ class Prepared:
     filled: dict[str, np.ndarray]
 
     def values(self, name: str, rows: np.ndarray) -> pa.ChunkedArray:
-        """Column ``name`` at ``rows`` (positions in ``rows``), unchanged TOAST filled in."""
+        """Column ``name`` at ``rows`` (positions in the table ``self.rows``), unchanged TOAST
+        filled in."""
         index = pa.array(rows, pa.int64())
         values = self.data[name].take(index)
         hit = self.filled.get(name)

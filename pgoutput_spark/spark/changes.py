@@ -47,8 +47,9 @@ def relation_rows(committed: DataFrame, relation_id: int, *, tuples: bool = True
     decodes them from ``raw``.
     ``transactions``: also pass `TRANSACTION_COLUMNS`. A mirror's net change
     needs none of them, and each column a Python task receives costs the JVM's
-    Arrow writer time on every row (`bench_wide`'s 518,400 rows: its task was fed
-    in 4.6 s instead of 5.9 s, means of three runs, `benchmarks/apply.py`).
+    Arrow writer time on every row (`bench_wide`'s 518,400 change rows reached its
+    task in 4.6 s instead of 5.9 s: means of three warm runs of `benchmarks/apply.py`,
+    timed inside the task).
     """
     is_truncate = F.col("message_type") == "truncate"
     # The OID as an array literal: Spark's generated code refers to it where it would write an

@@ -361,9 +361,10 @@ class Prepared:
         index = pa.array(rows, pa.int64())
         values = self.data[name].take(index)
         hit = self.filled.get(name)
-        if hit is None or not hit[rows].any():
+        at = hit[rows] if hit is not None else None
+        if at is None or not at.any():
             return values
-        return pc.if_else(pa.array(hit[rows]), _field(self.old, name).take(index), values)
+        return pc.if_else(pa.array(at), _field(self.old, name).take(index), values)
 
     @property
     def n_codes(self) -> int:
@@ -436,9 +437,13 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
     # new key is coded as its old row's (row n + i).
     key_arrays = [pa.chunked_array([*data[k].chunks, *_field(old, k).cast(data[k].type).chunks], data[k].type)
                   for k in spec.key]
-    sources = [None if k not in filled else np.where(np.append(filled[k], np.zeros(n, bool)),
-                                                    np.arange(2 * n) + n, np.arange(2 * n))
-               for k in spec.key]
+    sources: list[np.ndarray | None] = []
+    for k in spec.key:
+        source = None
+        if k in filled:
+            source = np.arange(2 * n)
+            source[np.flatnonzero(filled[k])] += n
+        sources.append(source)
     codes = key_codes(key_arrays, sources=sources) if spec.key else np.zeros(2 * n, dtype=np.int64)
     return Prepared(rows, data, old, names, op, seqs, np.asarray(codes, dtype=np.int64), has_old,
                     unchanged_rows, unchanged_columns, key_arrays, order, filled)

@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
 from .assemble.typed import change_schema
-from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message, slice_messages
+from .capture import CaptureColumns, Landed, _is_delta, landed_files, one_row_per_message, slice_end, slice_messages
 from .config import TablesConfig
 from .errors import ConfigError
 from .ledger import RUNS_SCHEMA, ConcurrentRunError, Lease, Ledger
@@ -196,6 +196,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         landed = landed_files(capture, columns or CaptureColumns(), lo, lease.files, ledger.slices,
                               accept=accept_late_files)
     redone = lease.status == "running"
+    counts = None  # (rows, messages) of the slice, where finding its end counted them
     note = None
     remaining = False  # max_messages ends this run before the capture (or its slice) ends
     if redone:  # the previous run died: redo exactly its slice
@@ -216,7 +217,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                 if first is not None and (end is None or first + max_messages - 1 < end):
                     bounded = first + max_messages - 1
                     newer = newer.where(F.col("seq") <= bounded)
-            hi = newer.agg(F.max("seq")).first()[0]
+            hi, counts = slice_end(newer)
         if hi is None and (rebuild or landed.unread) and lo is not None:
             hi = lo  # nothing new: a run that only rebuilds, or records the files it accepted
         if hi is None:
@@ -243,7 +244,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         if lo is not None:
             window = window.where(F.col("seq") > lo)
         with _step("check for repeated rows"):  # before the claim: a bad landing leaves the target as it is
-            window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+            window, repeated, n_messages = slice_messages(
+                capture, window, lo, hi, seq_gaps=seq_gaps, counts=counts, remedy=(
                 "Put the files back; if they are gone, re-snapshot the mirrors (snapshot) and apply from there "
                 "with seq_gaps='allow' (--allow-seq-gaps)"))
         run_id = uuid.uuid4().hex
@@ -260,8 +262,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         # this run builds and merges its frames (the child sessions copy the setting).
         try:
             with temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
-                result = _run(ledger, decoded, lease, run_id, hi, skip_origins, parallelism, started, redone,
-                              table_path, table_name, tables or TablesConfig(), say, history_path,
+                result = _run(ledger, decoded, n_messages, lease, run_id, hi, skip_origins, parallelism, started,
+                              redone, table_path, table_name, tables or TablesConfig(), say, history_path,
                               _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
             return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
@@ -291,7 +293,7 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
     return (min(ends) if ends else None), start
 
 
-def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
+def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_id: str, hi: int,
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
          say: Callable[[str], None], history_path: str, rebuild: _Rebuild,
@@ -337,7 +339,6 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
                                  F.countDistinct("commit_seq")).first()
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
-        n_messages = decoded.count()  # persisted: cheap
         say(f"decoded {n_messages} messages; assembled {transactions} committed transactions "
             f"touching {len(relations)} tables")
         for relation_id in relations:
@@ -431,10 +432,11 @@ def _run(ledger: Ledger, decoded: DataFrame, lease: Lease, run_id: str, hi: int,
             wait([saving])  # ended before the frames it reads are released
         release(committed)
         assembled.release()
-    with _step("count messages and quarantine"):
+    with _step("quarantine bad messages"):
         bad = quarantined(decoded)
-        n_bad = bad.count()
-        if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
+        # A bad message fails the decoding unless they are quarantined.
+        n_bad = bad.count() if rebuild.on_error == "quarantine" else 0
+        if n_bad:  # kept with their raw bytes and reason
             txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)
     sources, snapshot_names = ledger.snapshot_sources(), ledger.snapshot_names()
     replaced = tuple(sorted({history.first_name(oid) for oid in relations if _replaced(history, oid, sources)}))

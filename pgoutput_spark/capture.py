@@ -157,17 +157,29 @@ def message_counts(window: DataFrame) -> tuple[int, int]:
     return rows, messages
 
 
+def slice_end(newer: DataFrame) -> tuple[int | None, tuple[int, int]]:
+    """The last seq of ``newer`` (None when it is empty) and its `message_counts`, in one Spark
+    job: a run's slice then reads the seqs up to that end, which are exactly ``newer``'s rows."""
+    from pyspark.sql import functions as F
+
+    hi, rows, messages = newer.agg(F.max("seq"), F.count(F.lit(1)), F.count_distinct("seq")).first()
+    return hi, (rows, messages)
+
+
 def slice_messages(capture: DataFrame, window: DataFrame, lo: int | None, hi: int, *,
-                   seq_gaps: Literal["fail", "allow"] | None, remedy: str) -> tuple[DataFrame, int]:
+                   seq_gaps: Literal["fail", "allow"] | None, remedy: str,
+                   counts: tuple[int, int] | None = None) -> tuple[DataFrame, int, int]:
     """`one_row_per_message` of a run's slice ``window`` (the canonical rows of seqs ``(lo, hi]``
     of ``capture``), checked first for missing seqs (`check_seqs_follow`, ending with
     ``remedy``) where ``seq_gaps`` is ``"fail"``, or is None and ``capture`` is a landing of
-    ``pgoutput-spark capture`` (`landed_by_capture`). One Spark job when nothing is wrong."""
-    counts = message_counts(window)
+    ``pgoutput-spark capture`` (`landed_by_capture`): (its rows, the repeated rows left out,
+    its messages). ``counts``: `message_counts` of ``window`` if known (`slice_end`); one
+    Spark job when they are not and nothing is wrong, none when they are."""
+    counts = counts or message_counts(window)
     landing = landed_by_capture(capture)
     if seq_gaps == "fail" or (seq_gaps is None and landing is not None):
         check_seqs_follow(window, lo, hi, counts[1], f"the capture {landing}" if landing else "the capture", remedy)
-    return one_row_per_message(window, counts)
+    return (*one_row_per_message(window, counts), counts[1])
 
 
 def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int, source: str, remedy: str) -> None:

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
-from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_messages
+from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_end, slice_messages
 from .config import TablesConfig
 from .ledger import saved_history
 from .mirroring.delta import (
@@ -183,6 +183,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                           remedy="start the change tables over in a new target, or run with "
                                  "--accept-late-files (accept_late_files=True) to go on without them")
     remaining = False
+    counts = None  # (rows, messages) of the slice, where finding its end counted them
     if started:  # an interrupted run: redo exactly its slice
         assert interrupted is not None
         hi = interrupted["hi"]
@@ -192,7 +193,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
             first = newer.agg(F.min("seq")).first()[0]
             if first is not None:
                 newer = newer.where(F.col("seq") <= first + max_messages - 1)
-        hi = newer.agg(F.max("seq")).first()[0]
+        hi, counts = slice_end(newer)
         if hi is None:
             if landed.unread and lo is not None:  # recorded, so that the next run goes on
                 state.record("finished", lo, lo, scan_in, new_files=landed.new_files)
@@ -204,7 +205,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         if lo is not None:
             window = window.where(F.col("seq") > lo)
         # Checked before the run is recorded: a bad landing changes nothing.
-        window, repeated = slice_messages(capture, window, lo, hi, seq_gaps=seq_gaps, remedy=(
+        window, repeated, n_messages = slice_messages(
+            capture, window, lo, hi, seq_gaps=seq_gaps, counts=counts, remedy=(
             "Put the files back; if they are gone, start the change tables over in a new target, or run with "
             "--allow-seq-gaps (seq_gaps='allow') to go on without them"))
         if not started:
@@ -215,17 +217,17 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
             + (" (redoing an interrupted run)" if started else ""))
         try:
-            result = _apply(spark, state, decoded, scan_in, lo, hi, skip_origins, say, landed.new_files,
-                            tables or TablesConfig())
+            result = _apply(spark, state, decoded, n_messages, scan_in, lo, hi, skip_origins, say, landed.new_files,
+                            tables or TablesConfig(), on_error)
             return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
             release(decoded)
 
 
-def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: ScanState,
+def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: int, scan_in: ScanState,
            lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None],
-           new_files: tuple[str, ...], tables: TablesConfig) -> ChangesResult:
+           new_files: tuple[str, ...], tables: TablesConfig, on_error: OnError) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     history.type_overrides = tables.types
@@ -279,10 +281,9 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, scan_in: Scan
         release(committed)
         assembled.release()
     bad = quarantined(decoded)
-    n_bad = bad.count()
-    if n_bad:  # only with on_error="quarantine"; kept with their raw bytes and reason
+    n_bad = bad.count() if on_error == "quarantine" else 0  # a bad message fails the decoding otherwise
+    if n_bad:  # kept with their raw bytes and reason
         txn_append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
-    n_messages = decoded.count()
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()), new_files)
     return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=excluded)

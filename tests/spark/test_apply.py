@@ -838,12 +838,14 @@ def test_backfill_slices_rerun_late_and_out_of_order(spark, tmp_path):
 
 def test_max_messages_bounds_each_run_and_the_runs_end_where_one_run_does(spark, tmp_path):
     """Runs of at most N messages, inside a slice and after it, cut anywhere (here inside
-    transactions): together they give the tables one run gives, and say when more remain."""
+    transactions): together they give the tables one run gives, and say when more remain.
+    Rows landed twice count once, in the run whose slice holds them."""
     root = str(tmp_path / "target")
     messages = _first_slice() + _second_slice()
     # seq 14 is not used: a gap in seq
     capture = spark.createDataFrame([(i + (i >= 14), 100 + i, bytearray(m)) for i, m in enumerate(messages)],
                                     "seq long, lsn long, data binary")
+    capture = capture.union(capture.where("seq IN (3, 15)"))  # landed twice
     last = len(messages)
     runs = [run_apply(spark, capture, root, until_seq=12, max_messages=8),
             run_apply(spark, capture, root, until_seq=12, max_messages=8),
@@ -852,6 +854,7 @@ def test_max_messages_bounds_each_run_and_the_runs_end_where_one_run_does(spark,
     assert [(r.lo, r.hi, r.remaining) for r in runs] == [
         (None, 7, True), (7, 12, False), (12, 20, True), (20, last, False)]
     assert [r.messages for r in runs] == [8, 5, 7, last - 20]  # fewer across the gap
+    assert [r.repeated_rows for r in runs] == [1, 0, 1, 0]
     assert "more of the capture remains after seq 7 (max_messages 8): run again" in runs[0].render()
     assert runs[1].note is None
     assert run_apply(spark, capture, root, max_messages=8).skipped

@@ -434,7 +434,7 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
         assembled.release()
     with _step("quarantine bad messages"):
         bad = quarantined(decoded)
-        # A bad message fails the decoding unless they are quarantined.
+        # Bad messages fail the decoding unless they are quarantined (``on_error``).
         n_bad = bad.count() if rebuild.on_error == "quarantine" else 0
         if n_bad:  # kept with their raw bytes and reason
             txn_append(bad, ledger.quarantine_path, f"{ledger.pipeline}:quarantine", hi)

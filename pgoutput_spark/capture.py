@@ -172,9 +172,9 @@ def slice_messages(capture: DataFrame, window: DataFrame, lo: int | None, hi: in
     """`one_row_per_message` of a run's slice ``window`` (the canonical rows of seqs ``(lo, hi]``
     of ``capture``), checked first for missing seqs (`check_seqs_follow`, ending with
     ``remedy``) where ``seq_gaps`` is ``"fail"``, or is None and ``capture`` is a landing of
-    ``pgoutput-spark capture`` (`landed_by_capture`): (its rows, the repeated rows left out,
-    its messages). ``counts``: `message_counts` of ``window`` if known (`slice_end`); one
-    Spark job when they are not and nothing is wrong, none when they are."""
+    ``pgoutput-spark capture`` (`landed_by_capture`): (the slice with each message once, the
+    rows left out as repeats, its messages). ``counts``: `message_counts` of ``window`` if
+    known (`slice_end`); one Spark job when they are not and nothing is wrong, none when they are."""
     counts = counts or message_counts(window)
     landing = landed_by_capture(capture)
     if seq_gaps == "fail" or (seq_gaps is None and landing is not None):

@@ -864,6 +864,27 @@ def test_max_messages_bounds_each_run_and_the_runs_end_where_one_run_does(spark,
         run_apply(spark, capture, root, max_messages=0)
 
 
+def test_a_bad_message_fails_the_run_or_is_quarantined_counted_with_its_bytes(spark, tmp_path):
+    """By default a message that does not decode fails the run, naming its seq, LSN and what is
+    wrong, before anything is written; with ``on_error="quarantine"`` it is kept with its raw
+    bytes, counted in the run's result and its `_runs` row, and the other messages apply."""
+    rel = b.relation(5, "public", "q", "d", [(1, "id", INT4, -1)])
+    messages = [*_txn(1, 1000, rel, b.insert(5, _t(1)), b.insert(5, _t(2))), b"\x00junk",
+                *_txn(2, 2000, b.insert(5, _t(3)))]
+    frame = _frame(spark, messages)
+    root = str(tmp_path / "target")
+    with pytest.raises(Exception, match=r"seq 5\b.*lsn 0/69\b.*unknown message type byte 0x00"):
+        run_apply(spark, frame, root)
+    st = status(spark, root)
+    assert (st.runs, st.position, st.mirrors) == ([], None, {})
+    result = run_apply(spark, frame, root, on_error="quarantine")
+    assert (result.messages, result.quarantined_messages) == (len(messages), 1)
+    bad = spark.read.format("delta").load(f"{root}/_pgoutput/quarantine").collect()
+    assert [(r["seq"], r["lsn"], bytes(r["raw"])) for r in bad] == [(5, 105, b"\x00junk")]
+    assert _mirror(spark, root, "public", "q") == [(1,), (2,), (3,)]
+    assert [(r["messages"], r["quarantined_messages"]) for r in status(spark, root).runs] == [(len(messages), 1)]
+
+
 def test_status_lists_the_transactions_a_run_leaves_open(spark, tmp_path):
     """A streamed transaction without its end and a block without its Commit wait in pending:
     `status` names them (kind, xid, where they started), oldest first; once they end, none."""

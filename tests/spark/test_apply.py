@@ -868,12 +868,14 @@ def test_a_bad_message_fails_the_run_or_is_quarantined_counted_with_its_bytes(sp
     """By default a message that does not decode fails the run, naming its seq, LSN and what is
     wrong, before anything is written; with ``on_error="quarantine"`` it is kept with its raw
     bytes, counted in the run's result and its `_runs` row, and the other messages apply."""
+    from pgoutput_spark.errors import DecodeError
+
     rel = b.relation(5, "public", "q", "d", [(1, "id", INT4, -1)])
     messages = [*_txn(1, 1000, rel, b.insert(5, _t(1)), b.insert(5, _t(2))), b"\x00junk",
                 *_txn(2, 2000, b.insert(5, _t(3)))]
     frame = _frame(spark, messages)
     root = str(tmp_path / "target")
-    with pytest.raises(Exception, match=r"seq 5\b.*lsn 0/69\b.*unknown message type byte 0x00"):
+    with pytest.raises(DecodeError, match=r"seq 5\b.*lsn 0/69\b.*unknown message type byte 0x00"):
         run_apply(spark, frame, root)
     st = status(spark, root)
     assert (st.runs, st.position, st.mirrors) == ([], None, {})

@@ -14,7 +14,9 @@ A run's MERGE into a mirror takes the net change of `pgoutput_spark.mirroring.ne
 (computed in Spark tasks by `pgoutput_spark.mirroring.rows`) and is idempotent: it
 carries the transaction identifier ``txnAppId`` =
 ``<pipeline>:relation:<oid>``, ``txnVersion`` = the run's applied commit LSN,
-and records the run's LSN and seq range as its commit's ``userMetadata``.
+and records the run's LSN and seq range as its commit's ``userMetadata``. On a mirror of
+up to 50 files it is a Delta transaction of our own (`merge_listed`), otherwise Delta's
+MERGE command.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from py4j.java_gateway import JavaClass
@@ -48,6 +50,7 @@ from .net import TableSpec
 _log = logging.getLogger(__name__)
 _DELTA = "org.apache.spark.sql.delta"  # Delta's package in the JVM
 _PYTHON_UTILS = "org.apache.spark.api.python.PythonUtils"
+_R = TypeVar("_R")
 
 #: Table properties of every mirror.
 PROPERTIES = {
@@ -310,10 +313,10 @@ def conflicting_operation(exc: Exception) -> str | None:
         return "an unknown operation"
 
 
-def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str, app_id: str, version: int,
-                  metadata: dict[str, Any]) -> DataFrame | None:
-    """Run the MERGE ``build()`` makes as one idempotent commit: Delta's transaction identifier and
-    our metadata.
+def execute_merge(session: SparkSession, run: Callable[[], _R], *, path: str, app_id: str, version: int,
+                  metadata: dict[str, Any]) -> _R:
+    """Run the MERGE ``run()`` makes and executes as one idempotent commit: Delta's transaction
+    identifier and our metadata.
 
     A MERGE that loses to a concurrent rewrite of the table's files (`REWRITES`: a scheduled
     ``OPTIMIZE``, auto compaction, ``REORG``) is built again and retried, up to `MERGE_ATTEMPTS`
@@ -331,7 +334,7 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
     with temporary_conf(session, {f"spark.databricks.delta.{key}": value for key, value in settings.items()}):
         for attempt in range(1, MERGE_ATTEMPTS + 1):
             try:
-                return build().execute()
+                return run()
             except Exception as exc:
                 operation = conflicting_operation(exc)
                 if operation is None:
@@ -351,33 +354,256 @@ def execute_merge(session: SparkSession, build: Callable[[], Any], *, path: str,
 
 def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
           app_id: str, version: int, metadata: dict[str, Any]) -> dict[str, int]:
-    """One idempotent MERGE of ``source`` (net rows without ``skipped``) into the mirror at ``path``."""
+    """One idempotent MERGE of ``source`` (net rows without ``skipped``) into the mirror at ``path``:
+    `merge_listed` where the mirror is a table of the files its checksum lists, otherwise Delta's."""
     from delta.tables import DeltaTable
 
     values = {quote(c): f"s.{quote(c)}" for c in spec.columns}
+    on = _merge_condition(spec)
 
-    def build() -> Any:  # on the table as it is now (see `execute_merge`)
+    def run() -> dict[str, int]:  # on the table as it is now (see `execute_merge`)
+        counts = merge_listed(session, path, source, spec, truncated=truncated, app_id=app_id, version=version)
+        if counts is not None:
+            return counts
         target = DeltaTable.forPath(session, path).alias("t")
         if spec.mode == "keyed":
-            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
             builder = (target.merge(source.alias("s"), on)
                        .whenMatchedDelete("s._action = 'delete'")
                        .whenMatchedUpdate("s._action = 'upsert'", values)
                        .whenNotMatchedInsert("s._action = 'upsert'", values))
         else:
-            on = " AND ".join(["s._action = 'delete_all'",
-                               *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
             builder = (target.merge(source.alias("s"), on)
                        .whenMatchedDelete()
                        .whenNotMatchedInsert("s._action = 'insert'", values))
-        return builder.whenNotMatchedBySourceDelete() if truncated else builder
+        result = (builder.whenNotMatchedBySourceDelete() if truncated else builder).execute()
+        row = result.first() if result is not None else None
+        if row is None:  # committed before (a redone run): Delta's MERGE does nothing
+            return {"inserted": 0, "updated": 0, "deleted": 0}
+        return {"inserted": row["num_inserted_rows"], "updated": row["num_updated_rows"],
+                "deleted": row["num_deleted_rows"]}
 
-    result = execute_merge(session, build, path=path, app_id=app_id, version=version, metadata=metadata)
-    row = result.first() if result is not None else None
-    if row is None:
-        return {"inserted": 0, "updated": 0, "deleted": 0}
-    return {"inserted": row["num_inserted_rows"], "updated": row["num_updated_rows"],
-            "deleted": row["num_deleted_rows"]}
+    return execute_merge(session, run, path=path, app_id=app_id, version=version, metadata=metadata)
+
+
+def _merge_condition(spec: TableSpec) -> str:
+    """The MERGE's condition: the key's columns equal (keyed), or a ``delete_all`` row whose
+    identity columns equal the mirror row's, nulls equal to nulls (a multiset)."""
+    if spec.mode == "keyed":
+        return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
+    return " AND ".join(["s._action = 'delete_all'", *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
+
+
+#: Table features whose tables `merge_listed` writes as Delta's MERGE would: those of a mirror
+#: (`PROPERTIES`), the ones every writer supports, and those that only change how the log is
+#: kept. Any other (change data feed, row tracking, generated or identity columns, clustering,
+#: check constraints, Iceberg compatibility, ...) leaves the MERGE to Delta.
+LISTED_MERGE_FEATURES = frozenset({
+    "appendOnly", "invariants", "columnMapping", "typeWidening", "typeWidening-preview", "timestampNtz",
+    "deletionVectors", "domainMetadata", "v2Checkpoint", "vacuumProtocolCheck", "inCommitTimestamp",
+})
+
+
+def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
+                 app_id: str, version: int) -> dict[str, int] | None:
+    """`merge`'s MERGE as one Delta transaction of our own, on a mirror whose checksum lists its
+    files (Delta 4.0 keeps the list for tables of up to 50 files), none with deletion vectors,
+    and whose table features are `LISTED_MERGE_FEATURES`. The counts of rows inserted, updated
+    and deleted, or None, having written nothing, where Delta's MERGE is needed: another table,
+    or a ``source`` with two rows for one key.
+
+    What Delta's MERGE does, without its reconstruction of the table's state (three Spark jobs)
+    and with two Spark jobs where it has about ten: one joins the mirror's key columns, read
+    with the file each row is in, to ``source``, counting the rows each action matches and
+    listing the files they are in (a multiset: a third counts its rows to insert); the other
+    rewrites those files (Delta's reader and writer: column mapping, type widening) with the
+    matched rows updated or deleted, plus the rows to insert. The commit removes the files
+    rewritten, carries the transaction identifier (``app_id``, ``version``, checked in the
+    checksum as `_checked_append` does) and is recorded as Delta's MERGE, with its condition,
+    clauses and row counts. The transaction reads the whole table: Delta fails it where another
+    commit changed the table meanwhile (`execute_merge` retries it after a rewrite of files).
+    A commit that changes the table's schema leaves the list of files out of its checksum, so
+    the run after a schema change merges by Delta's command (which writes the list again).
+    """
+    with _active(session) as jvm:
+        try:
+            log = jvm_class(jvm, f"{_DELTA}.DeltaLog").forTable(session._jsparkSession, path)  # type: ignore[attr-defined]
+            txn = log.startTransaction()
+            snapshot = txn.snapshot()
+            operation = jvm_class(jvm, f"{_DELTA}.DeltaOperations$Merge")
+            clause = jvm_class(jvm, f"{_DELTA}.DeltaOperations$MergePredicate")
+            entry = jvm_class(jvm, f"{_DELTA}.actions.SetTransaction")
+            if snapshot.version() < 0 or not all(isinstance(c, JavaClass) for c in (operation, clause, entry)):
+                return None
+            done = _checksum_txn_version(snapshot, app_id)
+            files = _checksum_files(snapshot)
+            protocol = snapshot.protocol()
+            features = {str(f.name()) for f in _scala_list(protocol.implicitlyAndExplicitlySupportedFeatures())}
+            configuration = snapshot.metadata().configuration()
+            enabled = [key for key in ("delta.enableChangeDataFeed", "delta.appendOnly", "delta.enableRowTracking")
+                       if configuration.get(key).isDefined() and str(configuration.get(key).get()).lower() == "true"]
+            schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+        except Exception as exc:  # py4j's: a Delta without these members
+            _log.debug("MERGE into %s by Delta's command: %s", path, exc)
+            return None
+        if done is None or files is None or enabled or not features <= LISTED_MERGE_FEATURES:
+            return None
+        names = schema.names
+        if not set(spec.columns) <= set(names) or len(set(n.lower() for n in names)) != len(names):
+            return None
+        txn.readWholeTable()  # any commit meanwhile that adds or removes files fails this one
+        txn.readTxn().addOne(app_id)  # as Delta's MERGE registers its transaction identifier
+        if done >= version:
+            return {"inserted": 0, "updated": 0, "deleted": 0}  # committed before: as Delta's MERGE, nothing
+        root, operations = snapshot.deltaLog().dataPath().toString(), _file_operations(session)
+        by_location = {_file_location(operations, root, added): added for added in files}
+        none = jvm_class(jvm, "scala.Option").empty()
+
+        def rows_of(added: list[Any]) -> DataFrame:  # the mirror's rows in these files, its columns numbered
+            frame = DataFrame(log.createDataFrame(snapshot, _seq(jvm, added), False, none), session)
+            return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)])
+
+        matched = _matched(rows_of(files), source, spec, names)
+        if matched is None:
+            return None
+        counts, located = matched
+        touched = [by_location.get(str(operations.absolutePath(root, name).toString())) for name in located]
+        if truncated:
+            touched = files
+        if any(added is None for added in touched):
+            _log.debug("MERGE into %s by Delta's command: a file read is not in its checksum", path)
+            return None
+        if truncated:
+            records = [added.numLogicalRecords() for added in files]
+            if not all(n.isDefined() for n in records):
+                return None  # no statistics: Delta's MERGE counts the rows it deletes
+            counts["deleted"] += sum(int(n.get()) for n in records) - counts["updated"] - counts["deleted"]
+        actions = txn.writeFiles(_merged(rows_of(touched), source, spec, schema, truncated)._jdf)
+        added_files = _scala_list(actions)
+        for added in touched:
+            actions = actions.appended(added.remove())
+        stamp = jvm_class(jvm, "scala.Option").apply(int(time.time() * 1000))
+        actions = actions.appended(entry(app_id, version, stamp))
+        rewritten = sum(int(n.get()) for n in (a.numLogicalRecords() for a in touched) if n.isDefined())
+        n_source, matched_deleted = counts.pop("source"), counts.pop("matched_deleted")
+        _register_metrics(session, jvm, txn, jvm_class(jvm, f"{_DELTA}.DeltaOperationMetrics").MERGE(), {
+            "numSourceRows": n_source, "operationNumSourceRows": n_source,  # the latter: what history shows
+            "numTargetRowsInserted": counts["inserted"], "numTargetRowsNotMatchedInserted": counts["inserted"],
+            "numTargetRowsUpdated": counts["updated"], "numTargetRowsMatchedUpdated": counts["updated"],
+            "numTargetRowsDeleted": counts["deleted"], "numTargetRowsMatchedDeleted": matched_deleted,
+            "numTargetRowsNotMatchedBySourceDeleted": counts["deleted"] - matched_deleted,
+            "numTargetRowsCopied": max(rewritten - counts["updated"] - counts["deleted"], 0),
+            "numOutputRows": max(rewritten - counts["deleted"], 0) + counts["inserted"],
+            "numTargetFilesRemoved": len(touched), "numTargetFilesAdded": len(added_files),
+            "numTargetBytesRemoved": sum(int(a.size()) for a in touched),
+            "numTargetBytesAdded": sum(int(a.size()) for a in added_files)})
+        parser = session._jsparkSession.sessionState().sqlParser()  # type: ignore[attr-defined]
+        some = jvm_class(jvm, "scala.Option").apply
+        if spec.mode == "keyed":
+            matched_clauses = [clause(some("s._action = 'delete'"), "delete"),
+                               clause(some("s._action = 'upsert'"), "update")]
+            inserted_clauses = [clause(some("s._action = 'upsert'"), "insert")]
+        else:
+            matched_clauses = [clause(none, "delete")]
+            inserted_clauses = [clause(some("s._action = 'insert'"), "insert")]
+        by_source = [clause(none, "delete")] if truncated else []
+        txn.commit(actions, operation(some(parser.parseExpression(_merge_condition(spec))), none, none, none,
+                                      _seq(jvm, matched_clauses), _seq(jvm, inserted_clauses),
+                                      _seq(jvm, by_source)))
+        return counts
+
+
+def _matched(target: DataFrame, source: DataFrame, spec: TableSpec,
+             names: list[str]) -> tuple[dict[str, int], list[str]] | None:
+    """`merge_listed`'s first job: the rows the MERGE inserts, updates and deletes among the
+    mirror's (``target``: its columns ``t<i>``, as named ``names``), the source's rows (key
+    ``source``) and the files the matched rows are in; None where a source row's key is
+    another's (Delta's MERGE fails then, or updates a mirror's duplicates: its call)."""
+    keys = [names.index(k) for k in spec.key]
+    t = target.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file"))
+    if spec.mode == "keyed":
+        s = source.select(*[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)],
+                          F.col("_action").alias("a"))
+        joined = t.join(s, [t[f"t{i}"] == s[f"s{j}"] for j, i in enumerate(keys)], "right")
+        hit = F.col("file").isNotNull()
+        upsert, delete = F.col("a") == "upsert", F.col("a") == "delete"
+        row = joined.agg(
+            F.count(F.lit(1)).alias("pairs"),
+            F.count_distinct(*[F.col(f"s{j}") for j in range(len(keys))]).alias("keys"),
+            F.sum(F.when(hit & upsert, 1).otherwise(0)).alias("updated"),
+            F.sum(F.when(~hit & upsert, 1).otherwise(0)).alias("inserted"),
+            F.sum(F.when(hit & delete, 1).otherwise(0)).alias("deleted"),
+            F.collect_set(F.when(hit, F.col("file"))).alias("files")).first()
+        assert row is not None
+        # Each source row matches one mirror row at most, and no two have one key: as many
+        # rows joined as keys (a key with a null column, never a replica identity's, counts none).
+        if row["keys"] != row["pairs"]:
+            return None
+        counts = {"inserted": row["inserted"] or 0, "updated": row["updated"] or 0,  # sums of no row: null
+                  "deleted": row["deleted"] or 0, "matched_deleted": row["deleted"] or 0, "source": row["pairs"]}
+        return counts, list(row["files"])
+    s = source.where(F.col("_action") == "delete_all").select(
+        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    deleted = t.join(s, [t[f"t{i}"].eqNullSafe(s[f"s{j}"]) for j, i in enumerate(keys)], "left_semi")
+    row = deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")).first()
+    assert row is not None
+    sizes = {r["_action"]: r["n"] for r in source.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+    return ({"inserted": sizes.get("insert", 0), "updated": 0, "deleted": row["deleted"],
+             "matched_deleted": row["deleted"], "source": sum(sizes.values())}, list(row["files"]))
+
+
+def _merged(target: DataFrame, source: DataFrame, spec: TableSpec, schema: T.StructType,
+            truncated: bool) -> DataFrame:
+    """`merge_listed`'s rows to write: those of ``target`` (the mirror's rows in the files the
+    MERGE rewrites, its columns ``t<i>``) as the MERGE leaves them, then those it inserts; the
+    mirror's columns (``schema``), ``source``'s values cast to their types. As Delta's MERGE
+    does, an update sets ``spec.columns`` and keeps the mirror's other (dropped) columns, and an
+    insert leaves those null."""
+    names = schema.names
+    if spec.mode == "keyed":
+        s = source.select(*[F.col(quote(c)).alias(f"s{j}") for j, c in enumerate(spec.columns)],
+                          F.col("_action").alias("a"))
+        on = [target[f"t{names.index(k)}"] == s[f"s{spec.columns.index(k)}"] for k in spec.key]
+        joined = target.join(s, on, "full")
+        upsert = F.col("a") == "upsert"
+        # A mirror row no source row matched stays, unless the run truncated the table.
+        kept = upsert | (F.col("a").isNull() & F.lit(not truncated))
+        return joined.where(kept).select(*[
+            F.when(upsert, F.col(f"s{spec.columns.index(f.name)}").cast(f.dataType)).otherwise(F.col(f"t{i}"))
+            .alias(f.name) if f.name in spec.columns else F.col(f"t{i}").alias(f.name)
+            for i, f in enumerate(schema.fields)])
+    inserted = source.where(F.col("_action") == "insert").select(*[
+        (F.col(quote(f.name)) if f.name in spec.columns else F.lit(None)).cast(f.dataType).alias(f.name)
+        for f in schema.fields])
+    if truncated:
+        return inserted
+    gone = source.where(F.col("_action") == "delete_all").select(
+        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    kept = target.join(gone, [target[f"t{names.index(k)}"].eqNullSafe(gone[f"s{j}"]) for j, k in enumerate(spec.key)],
+                       "left_anti")
+    return kept.select(*[F.col(f"t{i}").alias(f.name) for i, f in enumerate(schema.fields)]).unionByName(inserted)
+
+
+def _scala_list(items: Any) -> list[Any]:
+    """A Scala collection's items."""
+    out, found = [], items.iterator()
+    while found.hasNext():
+        out.append(found.next())
+    return out
+
+
+def _register_metrics(session: SparkSession, jvm: Any, txn: Any, operation_metrics: Any,
+                      counts: dict[str, int]) -> None:
+    """Register ``counts`` with the transaction ``txn`` as its operation's metrics, and as 0 every
+    other metric ``operation_metrics`` names (Delta's set of the operation's metric names, or
+    None): the metrics its commit records (``DESCRIBE HISTORY``'s ``operationMetrics``)."""
+    metrics = jvm_class(jvm, "java.util.HashMap")()
+    named = [] if operation_metrics is None else [str(n) for n in _scala_list(operation_metrics)]
+    for name in [*named, *counts]:
+        metric = jvm_class(jvm, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric(
+            session.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
+        metric.set(counts.get(name, 0))
+        metrics.put(name, metric)
+    txn.registerSQLMetrics(session._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))  # type: ignore[attr-defined]
 
 
 def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, version: int,
@@ -755,13 +981,7 @@ def delete_listed(spark: SparkSession, path: str, predicate: str,
                   **dict.fromkeys(("numCopiedRows", "numAddedFiles", "numAddedBytes", "numAddedChangeFiles",
                                    "numDeletionVectorsAdded", "numDeletionVectorsRemoved", "numDeletionVectorsUpdated",
                                    "scanTimeMs", "rewriteTimeMs", "executionTimeMs"), 0)}
-        metrics = jvm_class(jvm, "java.util.HashMap")()
-        for name, value in counts.items():
-            metric = jvm_class(jvm, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric(
-                spark.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
-            metric.set(value)
-            metrics.put(name, metric)
-        txn.registerSQLMetrics(spark._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))
+        _register_metrics(spark, jvm, txn, None, counts)
         parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)  # type: ignore[attr-defined]
         txn.commit(_seq(jvm, [added.remove() for added in removed]), delete(_seq(jvm, [parsed])))
         return True
@@ -828,9 +1048,7 @@ def _listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
     """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where
     Delta's reader is needed (see `read_listed`; also a partition column of another type than
     `_PARTITION_TYPES`, or a path Spark would take as a glob)."""
-    checksum = snapshot.checksumOpt()
-    listed = checksum.get().allFiles() if checksum.isDefined() else None
-    if listed is None or not listed.isDefined() or snapshot.protocol().minReaderVersion() != 1:
+    if snapshot.protocol().minReaderVersion() != 1:
         return None
     metadata = snapshot.metadata()
     if str(metadata.format().provider()).lower() != "parquet":
@@ -838,17 +1056,24 @@ def _listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
     fields = {f["name"]: f["type"] for f in json.loads(metadata.schema().json())["fields"]}
     if any(fields.get(name) not in _PARTITION_TYPES for name in _partition_names(metadata)):
         return None
-    files = []
-    found = listed.get().iterator()
-    while found.hasNext():
-        added = found.next()
-        if added.deletionVector() is not None:  # not in a reader version 1 table
-            return None
-        files.append(added)
+    files = _checksum_files(snapshot)
+    if files is None:
+        return None
     root, operations = snapshot.deltaLog().dataPath().toString(), _file_operations(spark)
     if any(_GLOB.search(_file_location(operations, root, added)) for added in files):
         return None
     return files
+
+
+def _checksum_files(snapshot: Any) -> list[Any] | None:
+    """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where it
+    does not, or one of them has a deletion vector."""
+    checksum = snapshot.checksumOpt()
+    listed = checksum.get().allFiles() if checksum.isDefined() else None
+    if listed is None or not listed.isDefined():
+        return None
+    files = _scala_list(listed.get())
+    return None if any(added.deletionVector() is not None for added in files) else files
 
 
 def _partition_names(metadata: Any) -> list[str]:

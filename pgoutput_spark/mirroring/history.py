@@ -200,7 +200,7 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
         DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), on)
         .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
                                 "_is_current": "false"})
-        .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns})),
+        .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns}).execute()),
         path=path, app_id=app_id, version=version, metadata=metadata)
     row = result.first() if result is not None else None
     return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}

@@ -1,0 +1,127 @@
+"""`merge_listed`: a mirror's MERGE as one Delta transaction of our own, where the mirror's
+checksum lists its files.
+
+It must leave a mirror exactly as Delta's MERGE of the same net rows does (rows, the counts
+the run reports, the commit's transaction identifier and metadata), on mirrors as runs leave
+them: column mapping with names of any character, a column widened after rows were written,
+a dropped column that updates keep and inserts leave null, multisets with duplicate and null
+rows, truncated tables. The oracle is Delta's own MERGE of the same rows into a copy of the
+same mirror. Every other table (change data feed, two net rows for one key) is Delta's.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+import pgoutput_spark.mirroring.delta as delta
+from pgoutput_spark.mirroring.delta import append, applied_commit, merge
+from pgoutput_spark.mirroring.net import TableSpec
+
+pytestmark = pytest.mark.spark
+
+#: The mirror's columns: a key, a widened column, a name of odd characters, a dropped column.
+MIRROR = "`id` int, `n` int, `v.x ``y```  string, `gone` string"
+COLUMNS = ("id", "n", "v.x `y`")  # the source's columns now: "gone" was dropped
+SOURCE = "_action string, `id` int, `n` bigint, `v.x ``y``` string"
+APP_ID = "p:relation:7"
+
+
+def _rows(spark: Any, path: str) -> list[tuple]:
+    return sorted((tuple(r) for r in spark.read.format("delta").load(path).collect()), key=repr)
+
+
+def _mirror(spark: Any, path: str, rows: list[tuple], spec: TableSpec) -> None:
+    """A mirror of ``rows`` in two files, its column ``n`` widened to bigint between them (as a
+    run's schema step does): the first file keeps int. (A commit that changes the schema leaves
+    the list of files out of its checksum; the next write puts it back.)"""
+    half = len(rows) // 2
+    whole = TableSpec(spec.mode, spec.key, (*COLUMNS, "gone"))
+    append(path, spark.createDataFrame(rows[:half], MIRROR), whole, app_id=APP_ID, version=1,
+           metadata={"to_lsn": 1}, create=True)
+    spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN n TYPE bigint")
+    append(path, spark.createDataFrame(rows[half:], MIRROR.replace("`n` int", "`n` bigint")), whole,
+           app_id=APP_ID, version=2, metadata={"to_lsn": 2})
+
+
+def _case(seed: int) -> tuple[TableSpec, list[tuple], list[tuple], bool]:
+    """A mirror's rows, net rows to merge and whether the run truncated, drawn from ``seed``."""
+    rnd = random.Random(seed)
+    size = rnd.choice([0, 6, 40])
+    truncated = rnd.random() < 0.3
+    if rnd.random() < 0.6:  # keyed by id
+        spec = TableSpec("keyed", ("id",), COLUMNS)
+        mirror = [(i, rnd.choice([i, None]), rnd.choice(["a", None]), rnd.choice(["kept", None])) for i in range(size)]
+        keys = rnd.sample(range(size + 10), rnd.randrange(0, 12))  # some in the mirror, some new
+        source = [(rnd.choice(["upsert", "delete"]), k, rnd.choice([2**40 + k, None]), f"s{k}") for k in keys]
+    else:  # a multiset of (id, n, v): duplicates and nulls
+        spec = TableSpec("multiset", COLUMNS, COLUMNS)
+        mirror = [(rnd.randrange(4), rnd.choice([1, None]), rnd.choice(["a", None]), "kept") for _ in range(size)]
+        present = sorted({r[:3] for r in mirror}, key=repr)
+        gone = rnd.sample(present, min(len(present), rnd.randrange(0, 4))) + [(99, None, None)]  # one matches nothing
+        source = [("delete_all", *r) for r in gone] + \
+                 [("insert", rnd.randrange(4), rnd.choice([2**40, None]), rnd.choice(["b", None]))
+                  for _ in range(rnd.randrange(0, 4))]
+    return spec, mirror, source, truncated
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_merge_listed_leaves_a_mirror_as_delta_s_merge_does(spark: Any, tmp_path: Path, monkeypatch: Any,
+                                                            seed: int) -> None:
+    spec, mirror, net, truncated = _case(seed)
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    source = spark.createDataFrame(net, SOURCE).persist()
+    listed = delta.merge_listed
+    results: list[Any] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        results.append(listed(*args, **kwargs))
+        return results[-1]
+
+    counts = {}
+    for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
+        _mirror(spark, path, mirror, spec)
+        monkeypatch.setattr(delta, "merge_listed", merge_listed)
+        counts[path] = merge(spark, path, source, spec, truncated=truncated, app_id=APP_ID, version=10,
+                             metadata={"to_lsn": 10})
+    assert results and results[0] is not None  # our transaction merged, not Delta's command
+    assert _rows(spark, ours) == _rows(spark, theirs)
+    assert counts[ours] == counts[theirs]
+    # What a redone run reads back from the commit (`applied_commit`), and a redone MERGE: nothing.
+    assert applied_commit(spark, ours, APP_ID, 10) == applied_commit(spark, theirs, APP_ID, 10) == counts[theirs]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").orderBy(F.desc("version")).first()
+    assert history["operation"] == "MERGE" and '"to_lsn": 10' in history["userMetadata"]
+    again = merge(spark, ours, source, spec, truncated=truncated, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
+    assert again == {"inserted": 0, "updated": 0, "deleted": 0}
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").count() == history["version"] + 1
+
+
+def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -> None:
+    # A table with Delta's change data feed: only Delta's MERGE writes its change files.
+    # (Plain names: Delta's change feed fails on a backtick in a column's name.)
+    plain = TableSpec("keyed", ("id",), ("id", "v"))
+    path = str(tmp_path / "cdf")
+    append(path, spark.createDataFrame([(1, "a"), (2, "b")], "id int, v string"), plain, app_id=APP_ID,
+           version=1, metadata={"to_lsn": 1}, create=True)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    append(path, spark.createDataFrame([(3, "c")], "id int, v string"), plain, app_id=APP_ID,
+           version=2, metadata={"to_lsn": 2})
+    source = spark.createDataFrame([("upsert", 1, "one")], "_action string, id int, v string")
+    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=10) is None
+    assert merge(spark, path, source, plain, truncated=False, app_id=APP_ID, version=10,
+                 metadata={"to_lsn": 10}) == {"inserted": 0, "updated": 1, "deleted": 0}
+    changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 3).load(path)
+    assert sorted(r[0] for r in changes.select("_change_type").collect()) == ["update_postimage", "update_preimage"]
+    # Two net rows for one key: nothing written by ours; Delta's MERGE fails as it does.
+    spec = TableSpec("keyed", ("id",), COLUMNS)
+    path = str(tmp_path / "twice")
+    _mirror(spark, path, [(1, 1, "a", None), (2, 2, "b", None)], spec)
+    twice = spark.createDataFrame([("upsert", 1, 10, "one"), ("delete", 1, None, None)], SOURCE)
+    assert delta.merge_listed(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10) is None
+    with pytest.raises(Exception, match="multiple source rows matched"):
+        merge(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
+    assert _rows(spark, path) == [(1, 1, "a", None), (2, 2, "b", None)]

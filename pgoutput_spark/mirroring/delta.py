@@ -385,6 +385,24 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
     return execute_merge(session, run, path=path, app_id=app_id, version=version, metadata=metadata)
 
 
+#: A mirror `merge_listed` finds with more files than this also has its small files rewritten
+#: (`_compacted`): each run adds a file or two, and past 50 files Delta's checksum no longer lists
+#: them (the MERGE is then Delta's command, and reads of the mirror find its files by Spark jobs).
+MERGE_MAX_FILES = 32
+#: A file smaller than this is small (`MERGE_MAX_FILES`).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+
+
+def _compacted(files: list[Any], touched: list[Any]) -> list[Any]:
+    """The mirror's small files (`SMALL_FILE_BYTES`) that ``touched`` lacks, where the mirror
+    has more than `MERGE_MAX_FILES` files: `merge_listed` rewrites them too, their rows as they
+    are, as ``OPTIMIZE`` would (once every thirty runs or so, in which a few MiB are rewritten)."""
+    if len(files) <= MERGE_MAX_FILES:
+        return []
+    rewritten = {str(added.path()) for added in touched}
+    return [added for added in files if str(added.path()) not in rewritten and int(added.size()) < SMALL_FILE_BYTES]
+
+
 def _merge_condition(spec: TableSpec) -> str:
     """The MERGE's condition: the key's columns equal (keyed), or a ``delete_all`` row whose
     identity columns equal the mirror row's, nulls equal to nulls (a multiset)."""
@@ -472,6 +490,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         if any(added is None for added in touched):
             _log.debug("MERGE into %s by Delta's command: a file read is not in its checksum", path)
             return None
+        touched = [*touched, *_compacted(files, touched)]
         if truncated:
             records = [added.numLogicalRecords() for added in files]
             if not all(n.isDefined() for n in records):

@@ -125,3 +125,23 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
     with pytest.raises(Exception, match="multiple source rows matched"):
         merge(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
     assert _rows(spark, path) == [(1, 1, "a", None), (2, 2, "b", None)]
+
+
+def test_merge_listed_rewrites_the_small_files_of_a_mirror_of_many(spark: Any, tmp_path: Path,
+                                                                   monkeypatch: Any) -> None:
+    # Runs add a file or two each; a mirror past MERGE_MAX_FILES files has its small ones rewritten
+    # with its next MERGE, so that it stays a table the checksum lists (here: past 3 files).
+    monkeypatch.setattr(delta, "MERGE_MAX_FILES", 3)
+    spec = TableSpec("keyed", ("id",), ("id", "v"))
+    path = str(tmp_path / "many")
+    for version in range(1, 6):
+        append(path, spark.createDataFrame([(version, f"v{version}")], "id int, v string"), spec, app_id=APP_ID,
+               version=version, metadata={"to_lsn": version}, create=version == 1)
+    source = spark.createDataFrame([("upsert", 2, "two"), ("upsert", 9, "nine")], "_action string, id int, v string")
+    assert merge(spark, path, source, spec, truncated=False, app_id=APP_ID, version=10,
+                 metadata={"to_lsn": 10}) == {"inserted": 1, "updated": 1, "deleted": 0}
+    assert _rows(spark, path) == [(1, "v1"), (2, "two"), (3, "v3"), (4, "v4"), (5, "v5"), (9, "nine")]
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()["operationMetrics"]
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("5", "4")
+    snapshot = delta._snapshot_now(spark, path)
+    assert len(delta._checksum_files(snapshot)) <= 3

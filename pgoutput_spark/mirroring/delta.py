@@ -412,12 +412,14 @@ def _merge_condition(spec: TableSpec) -> str:
 
 
 #: Table features whose tables `merge_listed` writes as Delta's MERGE would: those of a mirror
-#: (`PROPERTIES`), the ones every writer supports, and those that only change how the log is
-#: kept. Any other (change data feed, row tracking, generated or identity columns, clustering,
-#: check constraints, Iceberg compatibility, ...) leaves the MERGE to Delta.
+#: (`PROPERTIES`), the ones every writer supports, those that only change how the log is kept,
+#: and those a property turns on, which `merge_listed` checks is off (change data feed, deletion
+#: vectors). Any other (row tracking, generated or identity columns, clustering, check
+#: constraints, Iceberg compatibility, ...) leaves the MERGE to Delta.
 LISTED_MERGE_FEATURES = frozenset({
     "appendOnly", "invariants", "columnMapping", "typeWidening", "typeWidening-preview", "timestampNtz",
-    "deletionVectors", "domainMetadata", "v2Checkpoint", "vacuumProtocolCheck", "inCommitTimestamp",
+    "changeDataFeed", "deletionVectors", "domainMetadata", "v2Checkpoint", "vacuumProtocolCheck",
+    "inCommitTimestamp",
 })
 
 
@@ -425,7 +427,8 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
                  app_id: str, version: int) -> dict[str, int] | None:
     """`merge`'s MERGE as one Delta transaction of our own, on a mirror whose checksum lists its
     files (Delta 4.0 keeps the list for tables of up to 50 files), none with deletion vectors,
-    and whose table features are `LISTED_MERGE_FEATURES`. The counts of rows inserted, updated
+    whose table features are `LISTED_MERGE_FEATURES` and which has deletion vectors, change data
+    feed and row tracking off. The counts of rows inserted, updated
     and deleted, or None, having written nothing, where Delta's MERGE is needed: another table,
     or a ``source`` with two rows for one key.
 
@@ -439,8 +442,9 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     checksum as `_checked_append` does) and is recorded as Delta's MERGE, with its condition,
     clauses and row counts. The transaction reads the whole table: Delta fails it where another
     commit changed the table meanwhile (`execute_merge` retries it after a rewrite of files).
-    A commit that changes the table's schema leaves the list of files out of its checksum, so
-    the run after a schema change merges by Delta's command (which writes the list again).
+    A commit that changes the table's schema (a run's new column or wider type) leaves the list
+    of files out of its checksum, so the MERGE right after it is Delta's command (whose commit
+    writes the list again).
     """
     with _active(session) as jvm:
         try:
@@ -457,7 +461,9 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             protocol = snapshot.protocol()
             features = {str(f.name()) for f in _scala_list(protocol.implicitlyAndExplicitlySupportedFeatures())}
             configuration = snapshot.metadata().configuration()
-            enabled = [key for key in ("delta.enableChangeDataFeed", "delta.appendOnly", "delta.enableRowTracking")
+            # Deletion vectors on: Delta's MERGE marks rows deleted where this would rewrite files.
+            enabled = [key for key in ("delta.enableChangeDataFeed", "delta.appendOnly", "delta.enableRowTracking",
+                                       "delta.enableDeletionVectors")
                        if configuration.get(key).isDefined() and str(configuration.get(key).get()).lower() == "true"]
             schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
         except Exception as exc:  # py4j's: a Delta without these members

@@ -6,7 +6,8 @@ the run reports, the commit's transaction identifier and metadata), on mirrors a
 them: column mapping with names of any character, a column widened after rows were written,
 a dropped column that updates keep and inserts leave null, multisets with duplicate and null
 rows, truncated tables. The oracle is Delta's own MERGE of the same rows into a copy of the
-same mirror. Every other table (change data feed, two net rows for one key) is Delta's.
+same mirror. Every other table (change data feed, deletion vectors, two net rows for one key)
+is Delta's.
 """
 
 from __future__ import annotations
@@ -116,6 +117,18 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
                  metadata={"to_lsn": 10}) == {"inserted": 0, "updated": 1, "deleted": 0}
     changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 3).load(path)
     assert sorted(r[0] for r in changes.select("_change_type").collect()) == ["update_postimage", "update_preimage"]
+    # Deletion vectors on: Delta's MERGE marks the rows deleted in place of rewriting their files.
+    # Off again (and the change feed off), the table is ours.
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false, "
+              f"delta.enableDeletionVectors = true)")
+    append(path, spark.createDataFrame([(4, "d")], "id int, v string"), plain, app_id=APP_ID,
+           version=11, metadata={"to_lsn": 11})
+    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=12) is None
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableDeletionVectors = false)")
+    append(path, spark.createDataFrame([(5, "e")], "id int, v string"), plain, app_id=APP_ID,
+           version=12, metadata={"to_lsn": 12})
+    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
+                              version=13) == {"inserted": 0, "updated": 1, "deleted": 0}
     # Two net rows for one key: nothing written by ours; Delta's MERGE fails as it does.
     spec = TableSpec("keyed", ("id",), COLUMNS)
     path = str(tmp_path / "twice")

@@ -612,8 +612,8 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
     mirror's columns (``schema``), ``source``'s values cast to their types. As Delta's MERGE
     does, an update sets ``spec.columns`` and keeps the mirror's other (dropped) columns, and an
     insert leaves those null. ``flagged``: keyed, `_matched`'s source rows, whose upserts that
-    match no mirror row are the rows inserted (``inserting`` of them). The mirror's rows are joined to the source's
-    (broadcast where small) on their left: no shuffle of the mirror's rows."""
+    match no mirror row are the rows inserted (``inserting`` of them). The mirror's rows are
+    joined to the source's (broadcast where small) on their left: no shuffle of the mirror's rows."""
     names = schema.names
     if spec.mode == "keyed":
         assert flagged is not None

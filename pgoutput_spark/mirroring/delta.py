@@ -496,18 +496,18 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             return None
         counts, located, flagged = matched
         try:
-            touched = [by_location.get(str(operations.absolutePath(root, name).toString())) for name in located]
-            if truncated:
-                touched = files
+            touched = files if truncated else [
+                by_location.get(str(operations.absolutePath(root, name).toString())) for name in located]
             if any(added is None for added in touched):
                 _log.debug("MERGE into %s by Delta's command: a file read is not in its checksum", path)
                 return None
             touched = [*touched, *_compacted(files, touched)]
-            if truncated:
-                records = [added.numLogicalRecords() for added in files]
+            records = [added.numLogicalRecords() for added in touched]
+            rewritten = sum(int(n.get()) for n in records if n.isDefined())
+            if truncated:  # every file rewritten: its rows are the mirror's
                 if not all(n.isDefined() for n in records):
                     return None  # no statistics: Delta's MERGE counts the rows it deletes
-                counts["deleted"] += sum(int(n.get()) for n in records) - counts["updated"] - counts["deleted"]
+                counts["deleted"] += rewritten - counts["updated"] - counts["deleted"]
             actions = txn.writeFiles(_merged(rows_of(touched), source, flagged, spec, schema, truncated,
                                                  counts["inserted"])._jdf)
         finally:
@@ -516,9 +516,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         added_files = _scala_list(actions)
         for added in touched:
             actions = actions.appended(added.remove())
-        stamp = jvm_class(jvm, "scala.Option").apply(int(time.time() * 1000))
-        actions = actions.appended(entry(app_id, version, stamp))
-        rewritten = sum(int(n.get()) for n in (a.numLogicalRecords() for a in touched) if n.isDefined())
+        actions = actions.appended(_set_transaction(jvm, entry, app_id, version))
         n_source, matched_deleted = counts.pop("source"), counts.pop("matched_deleted")
         _register_metrics(session, jvm, txn, jvm_class(jvm, f"{_DELTA}.DeltaOperationMetrics").MERGE(), {
             "numSourceRows": n_source, "operationNumSourceRows": n_source,  # the latter: what history shows
@@ -782,14 +780,20 @@ def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version:
     actions = txn.writeFiles(frame._jdf)
     for added in removed:
         actions = actions.appended(added.remove())
-    # Milliseconds since the epoch, past 2**31: py4j hands the JVM a Long, as Option[Long] holds.
     option = jvm_class(jvm, "scala.Option")
-    stamp, none = option.apply(int(time.time() * 1000)), option.empty()
+    none = option.empty()
     save = jvm_class(jvm, "org.apache.spark.sql.SaveMode")
     operation = write(save.Append, none, none, none) if replace_where is None else \
         write(save.Overwrite, option.apply(snapshot.metadata().partitionColumns()), option.apply(replace_where), none)
-    txn.commit(actions.appended(entry(app_id, version, stamp)), operation)
+    txn.commit(actions.appended(_set_transaction(jvm, entry, app_id, version)), operation)
     return True
+
+
+def _set_transaction(jvm: Any, entry: Any, app_id: str, version: int) -> Any:
+    """Delta's ``SetTransaction`` action (``entry``: its class) of ``app_id`` at ``version``,
+    stamped now as Delta's writer stamps it: milliseconds since the epoch, past 2**31, which py4j
+    hands the JVM as a Long, as ``Option[Long]`` holds."""
+    return entry(app_id, version, jvm_class(jvm, "scala.Option").apply(int(time.time() * 1000)))
 
 
 def _checksum_txn_version(snapshot: Any, app_id: str) -> int | None:

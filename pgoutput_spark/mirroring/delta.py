@@ -488,7 +488,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         none = jvm_class(jvm, "scala.Option").empty()
 
         def rows_of(added: list[Any]) -> DataFrame:  # the mirror's rows in these files, its columns numbered
-            frame = DataFrame(log.createDataFrame(snapshot, _seq(jvm, added), False, none), session)
+            frame = _files_of(session, jvm, snapshot, added)
             return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)])
 
         matched = _matched(rows_of(files), source, spec, names)
@@ -961,8 +961,30 @@ def read_current(spark: SparkSession, path: str) -> DataFrame:
     """The Delta table at ``path`` as of its version now (`latest_version`), not "the latest":
     Spark and Delta plan every cached frame that reads a table's latest version again after each
     write to that table (Delta's file listing jobs), and a run caches frames that read the
-    tables it then writes (the pending rows it saves back, a mirror's pre-image)."""
-    return spark.read.format("delta").option("versionAsOf", latest_version(spark, path)).load(path)
+    tables it then writes (the pending rows it saves back, a mirror's pre-image).
+
+    Where that version's checksum lists the table's files (Delta 4.0 does for up to 50 files;
+    none with deletion vectors: `_checksum_files`), Delta's reader reads those files as they
+    are listed (`_files_of`: column mapping, type widening, partition values as Delta reads
+    them), without the Spark jobs in which Delta reconstructs a new version's state to find
+    them: a small mirror's rows for two keys, read after each of a series of commits to it
+    (as a run's pre-image and `slot.verify` read mirrors), 0.28 s against 0.58 s with Delta's
+    reader of the version (ad hoc, warm, 2 cores). Otherwise Delta's reader of that version.
+    """
+    snapshot = _snapshot_now(spark, path)
+    files = _checksum_files(snapshot)
+    if files is None:
+        return spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
+    with _active(spark) as jvm:
+        return _files_of(spark, jvm, snapshot, files)
+
+
+def _files_of(spark: SparkSession, jvm: Any, snapshot: Any, files: list[Any]) -> DataFrame:
+    """The rows of ``files`` (``AddFile`` actions of the snapshot's table) as Delta's reader reads
+    them (``DeltaLog.createDataFrame``: no state reconstruction, no data skipping), the table's
+    columns by its schema."""
+    none = jvm_class(jvm, "scala.Option").empty()
+    return DataFrame(snapshot.deltaLog().createDataFrame(snapshot, _seq(jvm, files), False, none), spark)
 
 
 def read_listed(spark: SparkSession, path: str) -> DataFrame:

@@ -259,12 +259,12 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
-    from ..mirroring.delta import quote
+    from ..mirroring.delta import quote, read_current
     from ..mirroring.rows import arrays_without_nulls, restore_null_arrays
 
     if not _is_delta(spark, path):
         return None
-    frame = spark.read.format("delta").load(path)
+    frame = read_current(spark, path)
     present = set(frame.columns)
     # by position: mapInArrow cannot take some column names ("a.b")
     columns = [(F.col(quote(n)) if n in present else F.lit(None)).alias(f"c{i}")

@@ -21,9 +21,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgoutput_spark.mirroring.delta import (
+    PROPERTIES,
+    _checksum_files,
     _listed_files,
     _snapshot_now,
     delete_listed,
+    read_current,
     read_listed,
     txn_append,
     update_listed,
@@ -91,6 +94,52 @@ def test_read_listed_gives_delta_s_rows_and_leaves_other_tables_to_delta(spark, 
     for other, rows in ((vectors, 6), (many, 603), (lost, 6)):
         assert _listed_files(spark, _snapshot_now(spark, other)) is None, other
         assert _listed(spark, other) == _delta(spark, other) and len(_delta(spark, other)) == rows, other
+
+
+def test_read_current_reads_a_mirror_s_listed_files_as_delta_s_reader_does(spark, tmp_path):
+    """`read_current` of a mirror (column mapping, a widened column, a name with a dot and a
+    space, partitions with a null) whose checksum lists its files: Delta's reader over those
+    files, the rows and schema of Delta's reader of the version, in fewer Spark jobs; without
+    a list (right after a schema change, deletion vectors): Delta's reader of the version."""
+    path = str(tmp_path / "mirror")
+    writer = _rows(spark, 0).withColumn("a.b c", F.col("id").cast("int")).write.format("delta").partitionBy("part")
+    for key, value in PROPERTIES.items():
+        writer = writer.option(key, value)
+    writer.save(path)
+    spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `a.b c` TYPE bigint")
+    assert _checksum_files(_snapshot_now(spark, path)) is None  # a schema change's checksum: no list
+    assert _delta(spark, path) == sorted((tuple(r) for r in read_current(spark, path).collect()), key=repr)
+    _rows(spark, 10).withColumn("part", F.lit(None).cast("long")).withColumn("a.b c", F.lit(2**40)) \
+        .write.format("delta").mode("append").save(path)
+    spark.sql(f"UPDATE delta.`{path}` SET v = 'changed' WHERE id IN (1, 11)")
+    assert _checksum_files(_snapshot_now(spark, path)) is not None
+    expected = _delta(spark, path)
+    assert len(expected) == 6 and (11, "changed", None, 2**40) in expected and (1, "changed", 1, 1) in expected
+    current = read_current(spark, path)
+    assert sorted((tuple(r) for r in current.collect()), key=repr) == expected
+    assert current.schema == spark.read.format("delta").load(path).schema
+    # Each read after a new commit: Delta reconstructs the new version's state to find its files.
+    _rows(spark, 20, 1).withColumn("a.b c", F.lit(7).cast("bigint")).write.format("delta").mode("append").save(path)
+    listed = jobs_run(spark, "current", lambda: read_current(spark, path).collect())[1]
+    _rows(spark, 30, 1).withColumn("a.b c", F.lit(7).cast("bigint")).write.format("delta").mode("append").save(path)
+    version = int(_snapshot_now(spark, path).version())
+    delta = jobs_run(spark, "delta", lambda: spark.read.format("delta").option("versionAsOf", version)
+                     .load(path).collect())[1]
+    assert listed < delta, (listed, delta)
+    # A version read stays that version's rows after later commits (a run caches what it read).
+    before = read_current(spark, path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 0")
+    assert sorted((tuple(r) for r in before.collect()), key=repr) == expected + [(20, "20", 0, 7), (30, "30", 0, 7)]
+    spark.sql(f"DELETE FROM delta.`{path}`")
+    assert read_current(spark, path).collect() == []
+    assert read_current(spark, path).schema == spark.read.format("delta").load(path).schema
+
+    vectors = str(tmp_path / "dv")
+    _rows(spark, 0, 10).coalesce(1).write.format("delta").option("delta.enableDeletionVectors", "true").save(vectors)
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id < 4")
+    assert _checksum_files(_snapshot_now(spark, vectors)) is None
+    assert sorted((tuple(r) for r in read_current(spark, vectors).collect()), key=repr) == _delta(spark, vectors)
+    assert len(_delta(spark, vectors)) == 6
 
 
 def test_update_listed_updates_as_delta_s_update_and_fails_on_a_concurrent_change(spark, tmp_path):

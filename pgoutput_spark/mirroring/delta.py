@@ -45,6 +45,7 @@ from ..errors import PgoutputSparkError
 from ..spark.files import is_uri
 from ..spark.jvm import jvm_class
 from ..spark.session import copy_session, release, temporary_conf
+from .history import HISTORY_NAMES
 from .net import TableSpec
 
 _log = logging.getLogger(__name__)
@@ -405,9 +406,13 @@ def _compacted(files: list[Any], touched: list[Any]) -> list[Any]:
     return [added for added in files if str(added.path()) not in rewritten and int(added.size()) < SMALL_FILE_BYTES]
 
 
-def _merge_condition(spec: TableSpec) -> str:
+def _merge_condition(spec: TableSpec, *, history: bool = False) -> str:
     """The MERGE's condition: the key's columns equal (keyed), or a ``delete_all`` row whose
-    identity columns equal the mirror row's, nulls equal to nulls (a multiset)."""
+    identity columns equal the mirror row's, nulls equal to nulls (a multiset); a history's: a
+    ``close`` row whose key is a current version's (`history.merge_history`)."""
+    if history:
+        return " AND ".join(["s._action = 'close'", "t._is_current",
+                             *[f"t.{quote(k)} = s.{quote(k)}" for k in spec.key]])
     if spec.mode == "keyed":
         return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
     return " AND ".join(["s._action = 'delete_all'", *[f"t.{quote(k)} <=> s.{quote(k)}" for k in spec.key]])
@@ -426,7 +431,7 @@ LISTED_MERGE_FEATURES = frozenset({
 
 
 def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
-                 app_id: str, version: int) -> dict[str, int] | None:
+                 app_id: str, version: int, history: bool = False) -> dict[str, int] | None:
     """`merge`'s MERGE as one Delta transaction of our own, on a mirror whose checksum lists its
     files (Delta 4.0 keeps the list for tables of up to 50 files), none with deletion vectors,
     whose table features are `LISTED_MERGE_FEATURES` and which has deletion vectors, change data
@@ -450,7 +455,14 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     A commit that changes the table's schema (a run's new column or wider type) leaves the list
     of files out of its checksum, so the MERGE right after it is Delta's command (whose commit
     writes the list again).
+
+    ``history``: the MERGE of a history table (`history.merge_history`; ``spec`` keyed, not
+    ``truncated``): ``close`` rows end the current version of their key (its ``_valid_to_lsn``,
+    ``_valid_to_ts`` and ``_is_current`` set), ``version`` rows are inserted; the counts are
+    ``inserted`` (versions) and ``updated`` (versions closed).
     """
+    assert not (history and (truncated or spec.mode != "keyed"))
+    columns = [*spec.columns, *HISTORY_NAMES] if history else list(spec.columns)
     with _active(session) as jvm:
         try:
             log = jvm_class(jvm, f"{_DELTA}.DeltaLog").forTable(session._jsparkSession, path)  # type: ignore[attr-defined]
@@ -477,7 +489,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         if done is None or files is None or enabled or not features <= LISTED_MERGE_FEATURES:
             return None
         names = schema.names
-        if not set(spec.columns) <= set(names) or len(set(n.lower() for n in names)) != len(names):
+        if not set(columns) <= set(names) or len(set(n.lower() for n in names)) != len(names):
             return None
         txn.readWholeTable()  # any commit meanwhile that adds or removes files fails this one
         txn.readTxn().addOne(app_id)  # as Delta's MERGE registers its transaction identifier
@@ -491,7 +503,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             frame = _files_of(session, jvm, snapshot, added)
             return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)])
 
-        matched = _matched(rows_of(files), source, spec, names)
+        matched = _matched(rows_of(files), source, spec, names, history=history)
         if matched is None:
             return None
         counts, located, flagged = matched
@@ -509,7 +521,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
                     return None  # no statistics: Delta's MERGE counts the rows it deletes
                 counts["deleted"] += rewritten - counts["updated"] - counts["deleted"]
             actions = txn.writeFiles(_merged(rows_of(touched), source, flagged, spec, schema, truncated,
-                                                 counts["inserted"])._jdf)
+                                             counts["inserted"], history=history)._jdf)
         finally:
             if flagged is not None:
                 release(flagged)
@@ -531,7 +543,10 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             "numTargetBytesAdded": sum(int(a.size()) for a in added_files)})
         parser = session._jsparkSession.sessionState().sqlParser()  # type: ignore[attr-defined]
         some = jvm_class(jvm, "scala.Option").apply
-        if spec.mode == "keyed":
+        if history:
+            matched_clauses = [clause(none, "update")]
+            inserted_clauses = [clause(some("s._action = 'version'"), "insert")]
+        elif spec.mode == "keyed":
             matched_clauses = [clause(some("s._action = 'delete'"), "delete"),
                                clause(some("s._action = 'upsert'"), "update")]
             inserted_clauses = [clause(some("s._action = 'upsert'"), "insert")]
@@ -539,14 +554,15 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             matched_clauses = [clause(none, "delete")]
             inserted_clauses = [clause(some("s._action = 'insert'"), "insert")]
         by_source = [clause(none, "delete")] if truncated else []
-        txn.commit(actions, operation(some(parser.parseExpression(_merge_condition(spec))), none, none, none,
+        condition = _merge_condition(spec, history=history)
+        txn.commit(actions, operation(some(parser.parseExpression(condition)), none, none, none,
                                       _seq(jvm, matched_clauses), _seq(jvm, inserted_clauses),
                                       _seq(jvm, by_source)))
         return counts
 
 
-def _matched(target: DataFrame, source: DataFrame, spec: TableSpec,
-             names: list[str]) -> tuple[dict[str, int], list[str], DataFrame | None] | None:
+def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[str], *,
+             history: bool = False) -> tuple[dict[str, int], list[str], DataFrame | None] | None:
     """`merge_listed`'s first job: the rows the MERGE inserts, updates and deletes among the
     mirror's (``target``: its columns ``t<i>``, as named ``names``), the source's rows (key
     ``source``), the files the matched rows are in and, keyed, the source's rows flagged with
@@ -555,8 +571,16 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec,
     updates a mirror's duplicates: its call).
 
     The mirror's keys are joined to the source's (the smaller side, which Spark broadcasts where
-    it is small), not the source's rows to every mirror row: no shuffle of the mirror."""
+    it is small), not the source's rows to every mirror row: no shuffle of the mirror.
+
+    ``history``: the current versions the ``close`` rows end (the updated rows, their files)
+    and the ``version`` rows (inserted); None where two ``close`` rows have one key (Delta's
+    MERGE fails where both match a version)."""
     keys = [names.index(k) for k in spec.key]
+    if history:
+        current = target.where(F.col(f"t{names.index('_is_current')}"))
+        return _history_matched(current.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file")),
+                                source, spec)
     t = target.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file"))
     if spec.mode == "keyed":
         s = _numbered_source(source, spec)
@@ -597,6 +621,27 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec,
              "matched_deleted": row["deleted"], "source": sum(sizes.values())}, list(row["files"]), None)
 
 
+def _history_matched(current: DataFrame, source: DataFrame,
+                     spec: TableSpec) -> tuple[dict[str, int], list[str], None] | None:
+    """`_matched` of a history: ``current``, the key columns of its current versions and their
+    ``file``."""
+    is_close = F.col("_action") == "close"
+    sizes = source.agg(F.count(F.when(is_close, 1)).alias("closes"),
+                       F.count_distinct(*[F.when(is_close, F.col(quote(k))) for k in spec.key]).alias("keys"),
+                       F.count(F.when(F.col("_action") == "version", 1)).alias("versions"),
+                       F.count(F.lit(1)).alias("rows")).first()
+    assert sizes is not None
+    if sizes["closes"] != sizes["keys"]:
+        return None
+    closes = source.where(is_close).select(*[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    on = [current[c] == closes[f"s{j}"] for j, c in enumerate(current.columns[:-1])]
+    row = current.join(closes, on).agg(F.count(F.lit(1)).alias("updated"),
+                                       F.collect_set("file").alias("files")).first()
+    assert row is not None
+    return ({"inserted": sizes["versions"], "updated": row["updated"], "deleted": 0, "matched_deleted": 0,
+             "source": sizes["rows"]}, list(row["files"]), None)
+
+
 def _numbered_source(source: DataFrame, spec: TableSpec) -> DataFrame:
     """``source``'s columns ``spec.columns`` as ``s<j>``, its action as ``a``."""
     return source.select(*[F.col(quote(c)).alias(f"s{j}") for j, c in enumerate(spec.columns)],
@@ -604,7 +649,7 @@ def _numbered_source(source: DataFrame, spec: TableSpec) -> DataFrame:
 
 
 def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spec: TableSpec,
-            schema: T.StructType, truncated: bool, inserting: int) -> DataFrame:
+            schema: T.StructType, truncated: bool, inserting: int, *, history: bool = False) -> DataFrame:
     """`merge_listed`'s rows to write: those of ``target`` (the mirror's rows in the files the
     MERGE rewrites, its columns ``t<i>``) as the MERGE leaves them, then those it inserts; the
     mirror's columns (``schema``), ``source``'s values cast to their types. As Delta's MERGE
@@ -613,6 +658,8 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
     match no mirror row are the rows inserted (``inserting`` of them). The mirror's rows are
     joined to the source's (broadcast where small) on their left: no shuffle of the mirror's rows."""
     names = schema.names
+    if history:
+        return _history_merged(target, source, spec, schema, inserting)
     if spec.mode == "keyed":
         assert flagged is not None
         s = _numbered_source(source, spec)
@@ -639,6 +686,39 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
     kept = target.join(gone, [target[f"t{names.index(k)}"].eqNullSafe(gone[f"s{j}"]) for j, k in enumerate(spec.key)],
                        "left_anti")
     return kept.select(*[F.col(f"t{i}").alias(f.name) for i, f in enumerate(schema.fields)]).unionByName(inserted)
+
+
+#: The columns a history's MERGE sets in the versions it closes, from the ``close`` rows.
+_CLOSING = ("_valid_to_lsn", "_valid_to_ts")
+
+
+def _history_merged(target: DataFrame, source: DataFrame, spec: TableSpec, schema: T.StructType,
+                    inserting: int) -> DataFrame:
+    """`_merged` of a history: ``target``'s rows with the current versions of the ``close``
+    rows' keys closed, then the ``version`` rows."""
+    names = schema.names
+    closes = source.where(F.col("_action") == "close").select(
+        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)],
+        *[F.col(c).alias(f"c{j}") for j, c in enumerate(_CLOSING)], F.lit(True).alias("hit"))
+    current = F.col(f"t{names.index('_is_current')}")
+    on = [target[f"t{names.index(k)}"] == closes[f"s{j}"] for j, k in enumerate(spec.key)]
+    kept = target.join(closes, [current, *on], "left")
+    hit = F.col("hit").isNotNull()
+
+    def value(i: int, f: T.StructField) -> Any:
+        if f.name in _CLOSING:
+            return F.when(hit, F.col(f"c{_CLOSING.index(f.name)}").cast(f.dataType)).otherwise(F.col(f"t{i}"))
+        if f.name == "_is_current":
+            return F.when(hit, F.lit(False)).otherwise(F.col(f"t{i}"))
+        return F.col(f"t{i}")
+
+    columns = [*spec.columns, *HISTORY_NAMES]
+    inserted = source.where(F.col("_action") == "version")
+    if inserting <= ONE_FILE_INSERTS:
+        inserted = inserted.coalesce(1)
+    return kept.select(*[value(i, f).alias(f.name) for i, f in enumerate(schema.fields)]).unionByName(
+        inserted.select(*[(F.col(quote(f.name)) if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
+                          for f in schema.fields]))
 
 
 def _scala_list(items: Any) -> list[Any]:

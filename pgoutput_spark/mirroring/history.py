@@ -188,22 +188,30 @@ def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema
 
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,
                   metadata: dict[str, Any]) -> dict[str, int]:
-    """One idempotent MERGE: close the earlier versions named by ``close`` rows, insert ``version`` rows."""
+    """One idempotent MERGE: close the current versions of the keys of ``close`` rows, insert
+    ``version`` rows. A Delta transaction of our own (`delta.merge_listed`) where the history's
+    checksum lists its files, as a mirror's MERGE; otherwise Delta's MERGE."""
     from delta.tables import DeltaTable
 
-    from .delta import execute_merge, quote
+    from .delta import _merge_condition, execute_merge, merge_listed, quote
 
     columns = [*spec.columns, *HISTORY_NAMES]
-    on = " AND ".join(["s._action = 'close'", "t._is_current",
-                       *[f"t.{quote(k)} = s.{quote(k)}" for k in spec.key]])
-    result = execute_merge(session, lambda: (
-        DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), on)
-        .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
-                                "_is_current": "false"})
-        .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns}).execute()),
-        path=path, app_id=app_id, version=version, metadata=metadata)
-    row = result.first() if result is not None else None
-    return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}
+
+    def run() -> dict[str, int]:  # on the table as it is now (see `execute_merge`)
+        counts = merge_listed(session, path, source, spec, truncated=False, app_id=app_id, version=version,
+                              history=True)
+        if counts is not None:
+            return {"versions": counts["inserted"], "closed": counts["updated"]}
+        result = (DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"),
+                                                                      _merge_condition(spec, history=True))
+                  .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
+                                          "_is_current": "false"})
+                  .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns})
+                  .execute())
+        row = result.first() if result is not None else None
+        return {"versions": row["num_inserted_rows"] if row else 0, "closed": row["num_updated_rows"] if row else 0}
+
+    return execute_merge(session, run, path=path, app_id=app_id, version=version, metadata=metadata)
 
 
 def resnapshot_history(session: Any, path: str, mirror: str, key: tuple[str, ...], *, lsn: int, at: Any,

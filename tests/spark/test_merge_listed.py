@@ -158,3 +158,76 @@ def test_merge_listed_rewrites_the_small_files_of_a_mirror_of_many(spark: Any, t
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("5", "4")
     snapshot = delta._snapshot_now(spark, path)
     assert len(delta._checksum_files(snapshot)) <= 3
+
+
+#: A history's table: the key, a column of odd characters, then the history's own columns.
+HISTORY = ("`id` int, `v.x ``y``` string, `_valid_from_lsn` bigint, `_valid_to_lsn` bigint, "
+           "`_valid_from_ts` timestamp, `_valid_to_ts` timestamp, `_is_current` boolean, `_version_seq` bigint")
+
+
+def _history_case(seed: int) -> tuple[list[tuple], list[tuple]]:
+    """A history's versions (each key's earlier versions closed, its last one current unless
+    deleted) and a run's ``close`` and ``version`` rows, drawn from ``seed``."""
+    import datetime as dt
+
+    rnd = random.Random(seed)
+    at = dt.datetime(2026, 1, 1)
+
+    def ts(lsn: int | None) -> Any:
+        return None if lsn is None else at + dt.timedelta(seconds=lsn)
+
+    versions, n = [], [30, 5, 0, 30][seed % 4]
+    for key in range(n):
+        lsns = sorted(rnd.sample(range(1, 100), rnd.randrange(1, 4)))
+        ends = [*lsns[1:], rnd.choice([None, None, 100])]  # the last one current, or deleted at 100
+        versions += [(key, rnd.choice([f"v{lsn}", None]), lsn, end, ts(lsn), ts(end), end is None, lsn)
+                     for lsn, end in zip(lsns, ends)]
+    keys = rnd.sample(range(n + 5), rnd.randrange(1, min(12, n + 5)))  # most have versions, some none
+    run = [("close", k, None, None, 200, None, ts(200), False, None) for k in keys]
+    run += [("version", k, f"new{k}", 200, end, ts(200), ts(end), end is None, 7)
+            for k in rnd.sample(range(45), rnd.randrange(0, 8)) for end in [rnd.choice([None, 300])]]
+    return versions, run
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_listed_closes_and_inserts_a_history_s_versions_as_delta_s_merge_does(
+        spark: Any, tmp_path: Path, monkeypatch: Any, seed: int) -> None:
+    from pgoutput_spark.mirroring.history import HISTORY_NAMES, merge_history
+
+    versions, run = _history_case(seed)
+    spec = TableSpec("keyed", ("id",), ("id", "v.x `y`"))
+    whole = TableSpec("keyed", ("id",), (*spec.columns, *HISTORY_NAMES))
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    source = spark.createDataFrame(run, f"_action string, {HISTORY}").persist()
+    listed = delta.merge_listed
+    results: list[Any] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        results.append(listed(*args, **kwargs))
+        return results[-1]
+
+    counts = {}
+    for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
+        half = len(versions) // 2  # in two files
+        for version, rows in enumerate((versions[:half], versions[half:]), start=1):
+            append(path, spark.createDataFrame(rows, HISTORY), whole, app_id=APP_ID, version=version,
+                   metadata={"to_lsn": version}, create=version == 1)
+        monkeypatch.setattr(delta, "merge_listed", merge_listed)
+        counts[path] = merge_history(spark, path, source, spec, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
+    assert results and results[0] is not None  # our transaction merged, not Delta's command
+    assert _rows(spark, ours) == _rows(spark, theirs)
+    assert counts[ours] == counts[theirs]
+    assert counts[ours]["versions"] == sum(r[0] == "version" for r in run)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").orderBy(F.desc("version")).first()
+    assert history["operation"] == "MERGE" and '"to_lsn": 10' in history["userMetadata"]
+    theirs_metrics = spark.sql(f"DESCRIBE HISTORY delta.`{theirs}`").orderBy(F.desc("version")).first()
+    assert {k: history["operationMetrics"][k] for k in ("numTargetRowsInserted", "numTargetRowsUpdated")} == \
+        {k: theirs_metrics["operationMetrics"][k] for k in ("numTargetRowsInserted", "numTargetRowsUpdated")}
+    again = merge_history(spark, ours, source, spec, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
+    assert again == {"versions": 0, "closed": 0}
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").count() == history["version"] + 1
+    # Two close rows for one key: nothing written by ours, Delta's MERGE decides.
+    twice = spark.createDataFrame(run[:1] * 2 if run and run[0][0] == "close" else
+                                  [("close", 1, None, None, 200, None, None, False, None)] * 2,
+                                  f"_action string, {HISTORY}")
+    assert listed(spark, ours, twice, spec, truncated=False, app_id=APP_ID, version=11, history=True) is None

@@ -360,7 +360,7 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
     from delta.tables import DeltaTable
 
     values = {quote(c): f"s.{quote(c)}" for c in spec.columns}
-    on = _merge_condition(spec)
+    on = merge_condition(spec)
 
     def run() -> dict[str, int]:  # on the table as it is now (see `execute_merge`)
         counts = merge_listed(session, path, source, spec, truncated=truncated, app_id=app_id, version=version)
@@ -406,7 +406,7 @@ def _compacted(files: list[Any], touched: list[Any]) -> list[Any]:
     return [added for added in files if str(added.path()) not in rewritten and int(added.size()) < SMALL_FILE_BYTES]
 
 
-def _merge_condition(spec: TableSpec, *, history: bool = False) -> str:
+def merge_condition(spec: TableSpec, *, history: bool = False) -> str:
     """The MERGE's condition: the key's columns equal (keyed), or a ``delete_all`` row whose
     identity columns equal the mirror row's, nulls equal to nulls (a multiset); a history's: a
     ``close`` row whose key is a current version's (`history.merge_history`)."""
@@ -554,7 +554,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             matched_clauses = [clause(none, "delete")]
             inserted_clauses = [clause(some("s._action = 'insert'"), "insert")]
         by_source = [clause(none, "delete")] if truncated else []
-        condition = _merge_condition(spec, history=history)
+        condition = merge_condition(spec, history=history)
         txn.commit(actions, operation(some(parser.parseExpression(condition)), none, none, none,
                                       _seq(jvm, matched_clauses), _seq(jvm, inserted_clauses),
                                       _seq(jvm, by_source)))

@@ -193,7 +193,7 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
     checksum lists its files, as a mirror's MERGE; otherwise Delta's MERGE."""
     from delta.tables import DeltaTable
 
-    from .delta import _merge_condition, execute_merge, merge_listed, quote
+    from .delta import execute_merge, merge_condition, merge_listed, quote
 
     columns = [*spec.columns, *HISTORY_NAMES]
 
@@ -203,7 +203,7 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
         if counts is not None:
             return {"versions": counts["inserted"], "closed": counts["updated"]}
         result = (DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"),
-                                                                      _merge_condition(spec, history=True))
+                                                                      merge_condition(spec, history=True))
                   .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
                                           "_is_current": "false"})
                   .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns})

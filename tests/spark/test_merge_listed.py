@@ -70,19 +70,25 @@ def _case(seed: int) -> tuple[TableSpec, list[tuple], list[tuple], bool]:
     return spec, mirror, source, truncated
 
 
+def _recorded() -> tuple[list[Any], Any]:
+    """`merge_listed` that also records what it returns (None: it left the MERGE to Delta), and
+    the list it records into."""
+    listed, results = delta.merge_listed, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        results.append(listed(*args, **kwargs))
+        return results[-1]
+
+    return results, recorded
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_merge_listed_leaves_a_mirror_as_delta_s_merge_does(spark: Any, tmp_path: Path, monkeypatch: Any,
                                                             seed: int) -> None:
     spec, mirror, net, truncated = _case(seed)
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     source = spark.createDataFrame(net, SOURCE).persist()
-    listed = delta.merge_listed
-    results: list[Any] = []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        results.append(listed(*args, **kwargs))
-        return results[-1]
-
+    results, recorded = _recorded()
     counts = {}
     for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
         _mirror(spark, path, mirror, spec)
@@ -199,13 +205,7 @@ def test_merge_listed_closes_and_inserts_a_history_s_versions_as_delta_s_merge_d
     whole = TableSpec("keyed", ("id",), (*spec.columns, *HISTORY_NAMES))
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     source = spark.createDataFrame(run, f"_action string, {HISTORY}").persist()
-    listed = delta.merge_listed
-    results: list[Any] = []
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        results.append(listed(*args, **kwargs))
-        return results[-1]
-
+    results, recorded = _recorded()
     counts = {}
     for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
         half = len(versions) // 2  # in two files
@@ -227,7 +227,8 @@ def test_merge_listed_closes_and_inserts_a_history_s_versions_as_delta_s_merge_d
     assert again == {"versions": 0, "closed": 0}
     assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").count() == history["version"] + 1
     # Two close rows for one key: nothing written by ours, Delta's MERGE decides.
-    twice = spark.createDataFrame(run[:1] * 2 if run and run[0][0] == "close" else
-                                  [("close", 1, None, None, 200, None, None, False, None)] * 2,
-                                  f"_action string, {HISTORY}")
-    assert listed(spark, ours, twice, spec, truncated=False, app_id=APP_ID, version=11, history=True) is None
+    assert run[0][0] == "close"
+    twice = spark.createDataFrame(run[:1] * 2, f"_action string, {HISTORY}")
+    assert recorded(spark, ours, twice, spec, truncated=False, app_id=APP_ID, version=11, history=True) is None
+    once = spark.createDataFrame(run[:1], f"_action string, {HISTORY}")  # the same table takes one
+    assert recorded(spark, ours, once, spec, truncated=False, app_id=APP_ID, version=11, history=True) is not None

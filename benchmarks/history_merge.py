@@ -7,8 +7,8 @@ current, written in two files as runs leave a history) takes RUNS runs' MERGEs t
 job's `merge_history`, each of 60 ``close`` rows (versions ended) and 60 ``version`` rows (the
 new ones, 10 of them new keys), once by `merge_listed` (the job's way where the history's
 checksum lists its files) and once by Delta's MERGE command (`merge_listed` made to decline),
-into two such histories, in one Spark session, each way first in turn. The first run of each is a warm-up; the
-means are over the others. Both histories must end with the same rows.
+into two such histories, in one Spark session, each way first in turn. The first run of each
+is a warm-up; the means are over the others. Both histories must end with the same rows.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from py4j.java_gateway import JavaClass
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -611,8 +611,7 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[
         counts = {"inserted": row["inserted"] or 0, "updated": row["updated"] or 0,  # sums of no row: null
                   "deleted": row["deleted"] or 0, "matched_deleted": row["deleted"] or 0, "source": row["rows"]}
         return counts, list(row["files"]), flagged
-    gone = source.where(F.col("_action") == "delete_all").select(
-        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    gone = source.where(F.col("_action") == "delete_all").select(*_source_keys(spec))
     deleted = t.join(gone, [t[f"t{i}"].eqNullSafe(gone[f"s{j}"]) for j, i in enumerate(keys)], "left_semi")
     row = deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")).first()
     assert row is not None
@@ -633,13 +632,25 @@ def _history_matched(current: DataFrame, source: DataFrame,
     assert sizes is not None
     if sizes["closes"] != sizes["keys"]:
         return None
-    closes = source.where(is_close).select(*[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    closes = source.where(is_close).select(*_source_keys(spec))
     on = [current[c] == closes[f"s{j}"] for j, c in enumerate(current.columns[:-1])]
     row = current.join(closes, on).agg(F.count(F.lit(1)).alias("updated"),
                                        F.collect_set("file").alias("files")).first()
     assert row is not None
     return ({"inserted": sizes["versions"], "updated": row["updated"], "deleted": 0, "matched_deleted": 0,
              "source": sizes["rows"]}, list(row["files"]), None)
+
+
+def _source_keys(spec: TableSpec) -> list[Column]:
+    """The source's key columns ``spec.key`` as ``s<j>``."""
+    return [F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)]
+
+
+def _as_inserted(rows: DataFrame, columns: Collection[str], schema: T.StructType) -> DataFrame:
+    """``rows`` (source rows named as the table's columns) as the rows an insert writes: the
+    table's columns (``schema``) cast to their types, NULL in those ``columns`` lacks."""
+    return rows.select(*[(F.col(quote(f.name)) if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
+                         for f in schema.fields])
 
 
 def _numbered_source(source: DataFrame, spec: TableSpec) -> DataFrame:
@@ -676,13 +687,10 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
             for i, f in enumerate(schema.fields)]).unionByName(inserted.select(*[
                 (F.col(f"s{spec.columns.index(f.name)}") if f.name in spec.columns else F.lit(None))
                 .cast(f.dataType).alias(f.name) for f in schema.fields]))
-    inserted = source.where(F.col("_action") == "insert").select(*[
-        (F.col(quote(f.name)) if f.name in spec.columns else F.lit(None)).cast(f.dataType).alias(f.name)
-        for f in schema.fields])
+    inserted = _as_inserted(source.where(F.col("_action") == "insert"), spec.columns, schema)
     if truncated:
         return inserted
-    gone = source.where(F.col("_action") == "delete_all").select(
-        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)])
+    gone = source.where(F.col("_action") == "delete_all").select(*_source_keys(spec))
     kept = target.join(gone, [target[f"t{names.index(k)}"].eqNullSafe(gone[f"s{j}"]) for j, k in enumerate(spec.key)],
                        "left_anti")
     return kept.select(*[F.col(f"t{i}").alias(f.name) for i, f in enumerate(schema.fields)]).unionByName(inserted)
@@ -698,8 +706,7 @@ def _history_merged(target: DataFrame, source: DataFrame, spec: TableSpec, schem
     rows' keys closed, then the ``version`` rows."""
     names = schema.names
     closes = source.where(F.col("_action") == "close").select(
-        *[F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)],
-        *[F.col(c).alias(f"c{j}") for j, c in enumerate(_CLOSING)], F.lit(True).alias("hit"))
+        *_source_keys(spec), *[F.col(c).alias(f"c{j}") for j, c in enumerate(_CLOSING)], F.lit(True).alias("hit"))
     current = F.col(f"t{names.index('_is_current')}")
     on = [target[f"t{names.index(k)}"] == closes[f"s{j}"] for j, k in enumerate(spec.key)]
     kept = target.join(closes, [current, *on], "left")
@@ -712,13 +719,11 @@ def _history_merged(target: DataFrame, source: DataFrame, spec: TableSpec, schem
             return F.when(hit, F.lit(False)).otherwise(F.col(f"t{i}"))
         return F.col(f"t{i}")
 
-    columns = [*spec.columns, *HISTORY_NAMES]
     inserted = source.where(F.col("_action") == "version")
     if inserting <= ONE_FILE_INSERTS:
         inserted = inserted.coalesce(1)
     return kept.select(*[value(i, f).alias(f.name) for i, f in enumerate(schema.fields)]).unionByName(
-        inserted.select(*[(F.col(quote(f.name)) if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
-                          for f in schema.fields]))
+        _as_inserted(inserted, [*spec.columns, *HISTORY_NAMES], schema))
 
 
 def _scala_list(items: Any) -> list[Any]:

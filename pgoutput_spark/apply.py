@@ -99,6 +99,7 @@ from .spark.session import (
     release,
     small_run,
     temporary_conf,
+    warm_python_workers,
     without_codegen,
 )
 
@@ -187,6 +188,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     started = time.time()
+    warm_python_workers(spark)  # meanwhile: the first run of a new JVM reads its lease
     ledger = Ledger(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
     with _step("read the lease"), without_codegen(spark):  # a few rows: the first Delta read of a new JVM

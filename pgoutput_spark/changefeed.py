@@ -47,7 +47,14 @@ from .mirroring.delta import (
 from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
-from .spark.session import explains_spark_failures, local_frame, release, small_run, without_codegen
+from .spark.session import (
+    explains_spark_failures,
+    local_frame,
+    release,
+    small_run,
+    warm_python_workers,
+    without_codegen,
+)
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                "messages long, changes long, at timestamp, new_files array<string>")
@@ -172,6 +179,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
+    warm_python_workers(spark)  # meanwhile: the first run of a new JVM reads its position
     state = _State(spark, target, pipeline)
     canonical = (columns or CaptureColumns()).select(capture)
     with without_codegen(spark):  # one aggregate over the runs' rows: the first Delta read of a new JVM

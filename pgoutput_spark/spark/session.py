@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +25,8 @@ from ..errors import CaptureError, PgoutputSparkError
 from .localfs import local_fs_settings
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 #: Settings every session gets unless the caller overrides them.
 DEFAULTS: dict[str, str] = {
@@ -198,6 +203,79 @@ def _driver_memory_chosen(settings: Mapping[str, str]) -> bool:
     if "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         return True
     return _spark_default("spark.driver.memory") is not None
+
+
+#: The modules whose functions the jobs' Python tasks run (decoding, the transactions' scan, the
+#: tables' conversion and net change), imported by `warm_python_workers` ahead of those tasks.
+WARM_MODULES = ("pgoutput_spark.spark.decode", "pgoutput_spark.spark.assemble", "pgoutput_spark.spark.changes",
+                "pgoutput_spark.mirroring.rows")
+#: The Spark job group of `warm_python_workers`' job (Spark's UI shows it by this name).
+WARM_UP_GROUP = "pgoutput-spark-warm-up"
+#: Tasks of that job at most (one per core of the application, up to this many).
+WARM_UP_TASKS = 64
+
+_warm_applications: set[str] = set()
+_warm_lock = threading.Lock()
+
+
+def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
+    """Start, once per Spark application, a job in a thread of its own that starts the
+    application's Python workers and imports `WARM_MODULES` in them; the thread (a daemon),
+    or None where this application's was started before. The jobs call it first thing.
+
+    A new JVM's first Python task costs seconds before it runs a line of ours: Spark starts its
+    Python worker daemon, the worker imports PySpark, then the job's modules (0.35 s for the
+    decoder alone), and the JVM loads and compiles its side of the Arrow exchange. A run does
+    other things first (its lease, the slice's end: Delta and Spark's first queries, mostly
+    one core's work): the warm-up does that meanwhile, on the other cores, and Spark keeps the
+    workers for the run's tasks (``spark.python.worker.reuse``). Runs of 100 and 300 messages,
+    each in a new JVM on 2 cores: 0.4-0.8 s and 1.1-1.7 s less, 4-12% (`benchmarks/README.md`,
+    "A warmed Python worker"); a run with nothing to apply took as long as before. A second
+    run in the same application finds the workers started and warms nothing.
+
+    The job reads no table and writes nothing (one row per task, made by Spark), in the job
+    group `WARM_UP_GROUP`. Its failure is not the run's: it is logged (debug) and the run's
+    own tasks start their workers as they would have (and fail as they would have, if they
+    cannot).
+    """
+    context = spark.sparkContext
+    application = context.applicationId
+    with _warm_lock:
+        if application in _warm_applications:
+            return None
+        _warm_applications.add(application)
+    tasks = max(1, min(context.defaultParallelism, WARM_UP_TASKS))
+    thread = threading.Thread(target=_warm_quietly, args=(spark, tasks), name=WARM_UP_GROUP, daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm_quietly(spark: SparkSession, tasks: int) -> None:
+    try:
+        warm_up(spark, tasks)
+    except Exception as exc:  # the run's tasks start their own workers
+        logger.debug("warming the Python workers failed: %s", exc)
+
+
+def warm_up(spark: SparkSession, tasks: int) -> list[int]:
+    """`warm_python_workers`' job, in this thread: ``tasks`` Python tasks import `WARM_MODULES`;
+    the process ids of the workers that ran them."""
+    context = spark.sparkContext
+    context.setJobGroup(WARM_UP_GROUP, "pgoutput-spark: start the Python workers, import the jobs' modules")
+    try:
+        rows = spark.range(tasks, numPartitions=tasks).mapInArrow(_import_modules, "pid long").collect()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+    return [row.pid for row in rows]
+
+
+def _import_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A warm-up task (`warm_up`): imports `WARM_MODULES` in its Python worker."""
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    for batch in batches:  # one row per task
+        yield pa.RecordBatch.from_pydict({"pid": pa.array([os.getpid()] * batch.num_rows, pa.int64())})
 
 
 _REMEDY = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "

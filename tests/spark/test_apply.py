@@ -590,6 +590,9 @@ def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark,
 
     monkeypatch.setattr(ledger.Ledger, "lease", noting(ledger.Ledger.lease))
     monkeypatch.setattr(changefeed._State, "position", noting(changefeed._State.position))
+    warmed: list = []  # each run starts the Python workers' warm-up first (one job per application)
+    monkeypatch.setattr(job, "warm_python_workers", lambda spark: warmed.append(("apply", reads[:])))
+    monkeypatch.setattr(changefeed, "warm_python_workers", lambda spark: warmed.append(("changes", reads[:])))
     capture = _frame(spark, _first_slice())
     run_apply(spark, capture, str(tmp_path / "mirrors"), progress=progress)
     applied = list(seen)
@@ -598,6 +601,7 @@ def test_small_runs_query_without_generated_code_and_put_the_setting_back(spark,
     run_changes(spark, capture, str(tmp_path / "changes"), progress=progress)
     assert applied and set(applied) == {"NO_CODEGEN"} and seen and set(seen) == {"NO_CODEGEN"}
     assert reads == ["NO_CODEGEN", "NO_CODEGEN"]  # the lease, the changes job's position
+    assert warmed == [("apply", []), ("changes", ["NO_CODEGEN"])]  # each before its first read
     assert spark.conf.get(key, None) is None
     assert _mirror(spark, str(tmp_path / "mirrors"), "public", "one") == [(1, "x" * 3000), (2, "two")]
 

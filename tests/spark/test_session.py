@@ -91,6 +91,60 @@ except Exception as exc:
                                         "spark.driver.memory 600m) and stopped"), report
 
 
+def test_the_warm_up_imports_the_jobs_modules_in_the_workers_the_next_tasks_get(tmp_path):
+    """In a new application (a process of its own, one core: one Python worker): a worker that ran
+    a task before has none of the jobs' modules; after `warm_python_workers`' job the same worker
+    has them all, and the next call starts nothing (once per application)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    script = """
+import json, os, sys
+import pyarrow as pa
+from pgoutput_spark.spark import session
+
+spark = session.build_spark_session(master="local[1]", conf={"spark.ui.enabled": "false"})
+
+NAMES = list(session.WARM_MODULES)  # by value: the task itself imports nothing of ours
+
+def seen(batches):
+    for batch in batches:
+        found = [name in sys.modules for name in NAMES]
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "found": [sum(found)]})
+
+def ask():
+    [row] = spark.range(1, numPartitions=1).mapInArrow(seen, "pid long, found long").collect()
+    return [row.pid, row.found]
+
+before = ask()
+thread = session.warm_python_workers(spark)
+thread.join(120)
+again = session.warm_python_workers(spark)
+tracker = spark.sparkContext.statusTracker()
+jobs = [tracker.getJobInfo(j).status for j in tracker.getJobIdsForGroup(session.WARM_UP_GROUP)]
+print(json.dumps({"before": before, "after": ask(), "alive": thread.is_alive(), "again": again is None,
+                  "jobs": jobs}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before"][1] == 0, report  # a worker's own imports: PySpark's, none of ours
+    assert report["after"] == [report["before"][0], len(session.WARM_MODULES)], report  # the same worker
+    assert not report["alive"] and report["again"] and report["jobs"] == ["SUCCEEDED"], report
+
+
+def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, caplog):
+    def fail(spark, tasks):
+        raise RuntimeError("no Python on the executors")
+
+    monkeypatch.setattr(session, "warm_up", fail)
+    with caplog.at_level("DEBUG", logger=session.logger.name):
+        session._warm_quietly(None, 2)  # type: ignore[arg-type]
+    assert "warming the Python workers failed: no Python on the executors" in caplog.text
+
+
 #: The error `apply` of a 4.35M-message pgbench landing raised with a 1 GiB heap (a task that
 #: could not get execution memory; the context lived on), shortened.
 TASK_OOM = ("An error occurred while calling o1007.collectToPython.\n: org.apache.spark.SparkException: Job "

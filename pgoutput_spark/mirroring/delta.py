@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -646,11 +646,18 @@ def _source_keys(spec: TableSpec) -> list[Column]:
     return [F.col(quote(k)).alias(f"s{j}") for j, k in enumerate(spec.key)]
 
 
-def _as_inserted(rows: DataFrame, columns: Collection[str], schema: T.StructType) -> DataFrame:
-    """``rows`` (source rows named as the table's columns) as the rows an insert writes: the
-    table's columns (``schema``) cast to their types, NULL in those ``columns`` lacks."""
-    return rows.select(*[(F.col(quote(f.name)) if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
-                         for f in schema.fields])
+def _as_inserted(rows: DataFrame, columns: Sequence[str], schema: T.StructType, *,
+                 numbered: bool = False) -> DataFrame:
+    """``rows`` (source rows with the values of ``columns``, named as the table's columns or,
+    ``numbered``, ``s<j>`` for ``columns[j]`` as `_numbered_source` names them) as the rows an
+    insert writes: the table's columns (``schema``) cast to their types, NULL in those
+    ``columns`` lacks."""
+    def value(name: str) -> Column:
+        if name not in columns:
+            return F.lit(None)
+        return F.col(f"s{columns.index(name)}") if numbered else F.col(quote(name))
+
+    return rows.select(*[value(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
 def _numbered_source(source: DataFrame, spec: TableSpec) -> DataFrame:
@@ -684,9 +691,8 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
         return kept.select(*[
             F.when(upsert, F.col(f"s{spec.columns.index(f.name)}").cast(f.dataType)).otherwise(F.col(f"t{i}"))
             .alias(f.name) if f.name in spec.columns else F.col(f"t{i}").alias(f.name)
-            for i, f in enumerate(schema.fields)]).unionByName(inserted.select(*[
-                (F.col(f"s{spec.columns.index(f.name)}") if f.name in spec.columns else F.lit(None))
-                .cast(f.dataType).alias(f.name) for f in schema.fields]))
+            for i, f in enumerate(schema.fields)]).unionByName(_as_inserted(inserted, spec.columns, schema,
+                                                                            numbered=True))
     inserted = _as_inserted(source.where(F.col("_action") == "insert"), spec.columns, schema)
     if truncated:
         return inserted

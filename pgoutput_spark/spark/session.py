@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -233,12 +233,15 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
     "A warmed Python worker"); a run with nothing to apply took as long as before. A second
     run in the same application finds the workers started and warms nothing.
 
-    The job reads no table and writes nothing (one row per task, made by Spark), in the job
+    Nothing is started where Spark does not keep its workers (`python_workers_reused`). The
+    job reads no table and writes nothing (one row per task, made by Spark), in the job
     group `WARM_UP_GROUP`. Its failure is not the run's: it is logged (debug) and the run's
     own tasks start their workers as they would have (and fail as they would have, if they
     cannot).
     """
     context = spark.sparkContext
+    if not python_workers_reused(context.getConf()):
+        return None  # each task would start a worker of its own anyway
     application = context.applicationId
     with _warm_lock:
         if application in _warm_applications:
@@ -248,6 +251,12 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
     thread = threading.Thread(target=_warm_quietly, args=(spark, tasks), name=WARM_UP_GROUP, daemon=True)
     thread.start()
     return thread
+
+
+def python_workers_reused(conf: SparkConf) -> bool:
+    """Whether Spark keeps a Python worker for the next task (``spark.python.worker.reuse``,
+    Spark's default true), which `warm_python_workers` needs."""
+    return (conf.get("spark.python.worker.reuse", "true") or "true").strip().lower() != "false"
 
 
 def _warm_quietly(spark: SparkSession, tasks: int) -> None:

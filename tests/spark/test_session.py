@@ -135,6 +135,17 @@ print(json.dumps({"before": before, "after": ask(), "alive": thread.is_alive(), 
     assert not report["alive"] and report["again"] and report["jobs"] == ["SUCCEEDED"], report
 
 
+@pytest.mark.parametrize(("setting", "reused"), [(None, True), ("true", True), ("false", False),
+                                                  (" FALSE ", False)])
+def test_the_warm_up_needs_workers_spark_keeps(setting, reused):
+    from pyspark import SparkConf
+
+    conf = SparkConf(loadDefaults=False)
+    if setting is not None:
+        conf.set("spark.python.worker.reuse", setting)
+    assert session.python_workers_reused(conf) is reused
+
+
 def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, caplog):
     def fail(spark, tasks):
         raise RuntimeError("no Python on the executors")

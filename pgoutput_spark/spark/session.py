@@ -221,7 +221,8 @@ _warm_lock = threading.Lock()
 def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
     """Start, once per Spark application, a job in a thread of its own that starts the
     application's Python workers and imports `WARM_MODULES` in them; the thread (a daemon),
-    or None where this application's was started before. The jobs call it first thing.
+    or None where this application's was started before. `run_apply` and `run_changes` call it
+    first thing.
 
     A new JVM's first Python task costs seconds before it runs a line of ours: Spark starts its
     Python worker daemon, the worker imports PySpark, then the job's modules (0.35 s for the

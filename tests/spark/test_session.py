@@ -91,7 +91,7 @@ except Exception as exc:
                                         "spark.driver.memory 600m) and stopped"), report
 
 
-def test_the_warm_up_imports_the_jobs_modules_in_the_workers_the_next_tasks_get(tmp_path):
+def test_the_warm_up_imports_the_jobs_modules_in_the_workers_the_next_tasks_get():
     """In a new application (a process of its own, one core: one Python worker): a worker that ran
     a task before has none of the jobs' modules; after `warm_python_workers`' job the same worker
     has them all, and the next call starts nothing (once per application)."""

@@ -211,7 +211,8 @@ WARM_MODULES = ("pgoutput_spark.spark.decode", "pgoutput_spark.spark.assemble", 
                 "pgoutput_spark.mirroring.rows")
 #: The Spark job group of `warm_python_workers`' job (Spark's UI shows it by this name).
 WARM_UP_GROUP = "pgoutput-spark-warm-up"
-#: Tasks of that job at most (one per core of the application, up to this many).
+#: Tasks of that job at most (one per core of the application, a local master's cores but one,
+#: up to this many).
 WARM_UP_TASKS = 64
 
 _warm_applications: set[str] = set()
@@ -228,11 +229,13 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
     Python worker daemon, the worker imports PySpark, then the job's modules (0.35 s for the
     decoder alone), and the JVM loads and compiles its side of the Arrow exchange. A run does
     other things first (its lease, the slice's end: Delta and Spark's first queries, mostly
-    one core's work): the warm-up does that meanwhile, on the other cores, and Spark keeps the
-    workers for the run's tasks (``spark.python.worker.reuse``). Runs of 100 and 300 messages,
-    each in a new JVM on 2 cores: 0.4-0.8 s and 1.1-1.7 s less, 4-12% (`benchmarks/README.md`,
-    "A warmed Python worker"); a run with nothing to apply took as long as before. A second
-    run in the same application finds the workers started and warms nothing.
+    one core's work): the warm-up does that meanwhile, on the other cores (a local master's
+    cores but one: one task on 2 cores), and Spark keeps the workers for the run's tasks
+    (``spark.python.worker.reuse``). Runs of 300 messages, each in a new JVM on 2 cores: the
+    decoding step 0.9-1.0 s instead of 1.8, the lease's read 1.8-2.1 s instead of 1.6-1.7, the
+    runs 0.6 s shorter on average, within their spread (`benchmarks/README.md`, "A warmed
+    Python worker"). A second run in the same application finds the workers started and
+    warms nothing.
 
     Nothing is started where Spark does not keep its workers (`python_workers_reused`). The
     job reads no table and writes nothing (one row per task, made by Spark), in the job
@@ -248,7 +251,10 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
         if application in _warm_applications:
             return None
         _warm_applications.add(application)
-    tasks = max(1, min(context.defaultParallelism, WARM_UP_TASKS))
+    cores = context.defaultParallelism
+    if context.master.startswith("local"):  # the driver's cores: one left for the run itself
+        cores -= 1
+    tasks = max(1, min(cores, WARM_UP_TASKS))
     thread = threading.Thread(target=_warm_quietly, args=(spark, tasks), name=WARM_UP_GROUP, daemon=True)
     thread.start()
     return thread

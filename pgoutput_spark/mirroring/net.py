@@ -40,14 +40,14 @@ import pyarrow.compute as pc
 from ..assemble.typed import data_fields
 from ..decoder import arrow as ab
 from ..decoder import kernel
-from .walk import (DELETE, HASH_SEED, OPS, hash_bytes, hash_words, keyed_walk, multiset_walk,
-                   number_hashes, same_bytes, same_words)
+from .walk import (DELETE, HASH_SEED, INSERT, OPS, TRUNCATE, UPDATE, hash_bytes, hash_words, keyed_walk,
+                   multiset_walk, number_hashes, same_bytes, same_words)
 
 Mode = Literal["keyed", "multiset"]
 
 #: Metadata columns of the output, before the table's data columns.
 OUT_FIELDS = [
-    pa.field("_action", pa.string()),  # upsert | delete | delete_all | insert | skipped | truncate
+    pa.field("_action", pa.string()),  # upsert | delete | delete_all | insert | skipped | truncate | conflict
     pa.field("_seq", pa.int64()),  # the change that decided the row (skipped: the skipped change)
     pa.field("_op", pa.string()),  # that change's operation
     pa.field("_reason", pa.string()),  # why a change was skipped
@@ -410,6 +410,36 @@ def _op_numbers(ops: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(numbers.to_numpy(), dtype=np.int8) if len(ops) else np.zeros(0, np.int8)
 
 
+def _filled(spec: TableSpec, names: list[str], unchanged_rows: np.ndarray, unchanged_columns: np.ndarray,
+            n: int) -> dict[str, np.ndarray]:
+    """A multiset's key columns sent as unchanged TOAST: per column, the rows whose value is
+    their old row's (the whole row is the identity)."""
+    filled = {}
+    for j in np.unique(unchanged_columns).tolist():
+        name = names[j]
+        if name in spec.key:
+            hit = np.zeros(n, dtype=bool)
+            hit[unchanged_rows[unchanged_columns == j]] = True
+            filled[name] = hit
+    return filled
+
+
+def _keys(spec: TableSpec, data: dict[str, pa.ChunkedArray], old: pa.ChunkedArray, filled: dict[str, np.ndarray],
+          n: int) -> tuple[list[pa.ChunkedArray], list[np.ndarray | None]]:
+    """Per key column, its new keys (rows 0..n-1) then old keys (rows n..2n-1) as one array, and
+    the `key_codes` ``sources`` that code a filled new key as its old row's (row n + i)."""
+    key_arrays = [pa.chunked_array([*data[k].chunks, *_field(old, k).cast(data[k].type).chunks], data[k].type)
+                  for k in spec.key]
+    sources: list[np.ndarray | None] = []
+    for k in spec.key:
+        source = None
+        if k in filled:
+            source = np.arange(2 * n)
+            source[np.flatnonzero(filled[k])] += n
+        sources.append(source)
+    return key_arrays, sources
+
+
 def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
     """Find the commit order of ``rows`` and code their keys (shared by the mirror and its history)."""
     n = rows.num_rows
@@ -425,36 +455,109 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
 
     filled: dict[str, np.ndarray] = {}
     if spec.mode == "multiset":
-        # The whole row is the identity: an unchanged column of the new row is the old row's value.
-        for j in np.unique(unchanged_columns).tolist():
-            name = names[j]
-            if name in spec.key:
-                hit = np.zeros(n, dtype=bool)
-                hit[unchanged_rows[unchanged_columns == j]] = True
-                filled[name] = hit
+        filled = _filled(spec, names, unchanged_rows, unchanged_columns, n)
         unchanged_rows, unchanged_columns = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # Codes over new keys (rows 0..n-1) and old keys (rows n..2n-1), in one code space; a filled
-    # new key is coded as its old row's (row n + i).
-    key_arrays = [pa.chunked_array([*data[k].chunks, *_field(old, k).cast(data[k].type).chunks], data[k].type)
-                  for k in spec.key]
-    sources: list[np.ndarray | None] = []
-    for k in spec.key:
-        source = None
-        if k in filled:
-            source = np.arange(2 * n)
-            source[np.flatnonzero(filled[k])] += n
-        sources.append(source)
+    key_arrays, sources = _keys(spec, data, old, filled, n)
     codes = key_codes(key_arrays, sources=sources) if spec.key else np.zeros(2 * n, dtype=np.int64)
     return Prepared(rows, data, old, names, op, seqs, np.asarray(codes, dtype=np.int64), has_old,
                     unchanged_rows, unchanged_columns, key_arrays, order, filled)
 
 
-def net_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
-    """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted."""
+#: `net_changes`' ``halves``: a whole change row, the old half of an update (the row it takes
+#: away), its new half (the row it leaves).
+WHOLE, OLD_HALF, NEW_HALF = 0, 1, 2
+
+#: The reason of a ``conflict`` row (`net_changes` with ``halves``).
+CONFLICT_REASON = ("the row an update looks up is not there, and its new row went to another task: "
+                   "the table's net change must be computed in one task")
+
+
+def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None) -> pa.Table:
+    """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted.
+
+    ``halves`` (a multiset's rows spread over tasks by the row each change looks up, one int8
+    per row: `WHOLE`, `OLD_HALF`, `NEW_HALF`): an update whose old and new rows go to different
+    tasks comes to each as a half, the old one taking a row away, the new one adding its row.
+    Each task nets its halves as if every update elsewhere found its row; it holds the counts of
+    its own rows, so that is true when no old half here is skipped (by induction over the commit
+    order: every change before one finds what it would find in one task). A skipped old half is
+    the one case where a new half elsewhere was wrongly applied: it comes out as a ``conflict``
+    row (`CONFLICT_REASON`), and the caller nets the table again in one task.
+    """
     p = prepare(rows, spec)
     if spec.mode == "keyed":
+        if halves is not None and halves.any():
+            raise ValueError("a keyed table's updates cannot be netted in halves")
         return _keyed(p, spec)
-    return _multiset(p)
+    return _multiset(p, halves)
+
+
+def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray],
+               sources: Sequence[np.ndarray | None] | None = None) -> np.ndarray | None:
+    """A 64-bit hash per row (uint64) of its values in ``columns``, the same for equal values in
+    any process: made of their bits and bytes only (`walk.hash_words`, `walk.hash_bytes`), never
+    of codes numbered in one process, so only the fixed-width and byte-string columns count (which
+    still gives equal keys equal hashes). ``sources`` as for `key_codes`. None without numba, or
+    when no column is of those types."""
+    if kernel.numba is None or not columns:
+        return None
+    sources = list(sources) if sources is not None else [None] * len(columns)
+    hashes = np.full(len(columns[0]), HASH_SEED, dtype=np.uint64)
+    used = False
+    for column, source in zip(columns, sources):
+        if _fixed_width(column.type):
+            words: list[np.ndarray] = []
+            _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column, words, [])
+            for w in words:
+                hash_words(hashes, np.ascontiguousarray(w if source is None else w[source], dtype=np.int64))
+            used = True
+        elif ab.is_byte_strings(column.type):
+            address, length = _var_column(column)
+            if source is not None:
+                address, length = address[source], length[source]
+            hash_bytes(hashes, np.ascontiguousarray(address), np.ascontiguousarray(length))
+            used = True
+    return hashes if used else None
+
+
+def in_halves(rows: pa.Table, spec: TableSpec, buckets: int) -> list[tuple[pa.Table, np.ndarray]] | None:
+    """A multiset's change rows spread over ``buckets`` for `net_changes` with ``halves``: per
+    bucket, its rows and their halves. A row goes to the bucket of the row it looks up (its old
+    row where it carries one, else its own: `rows.by_key`'s rule); an update whose new row
+    (unchanged TOAST filled in from the old row) hashes to another bucket also goes there, as
+    its `NEW_HALF`, and is an `OLD_HALF` in its own; every truncate goes to every bucket.
+
+    Buckets come from `key_hashes`, equal in every task for equal rows. None where there is
+    nothing to hash them by (see `key_hashes`): the caller keeps the rows in one task.
+    """
+    if spec.mode != "multiset":
+        raise ValueError("only a multiset's updates can be netted in halves")
+    n = rows.num_rows
+    names = list(spec.columns)
+    data = {name: rows.column(name) for name in names}
+    old = rows.column("_old")
+    unchanged_rows, unchanged_columns = _unchanged_pairs(_one_array(rows.column("_unchanged_toast")), names) \
+        if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    key_arrays, sources = _keys(spec, data, old, _filled(spec, names, unchanged_rows, unchanged_columns, n), n)
+    hashes = key_hashes(key_arrays, sources)
+    if hashes is None:
+        return None
+    of = ((hashes >> np.uint64(32)) % np.uint64(buckets)).astype(np.int64)
+    op = _op_numbers(rows.column("_op"))
+    has_old = np.asarray(pc.is_valid(old)) if n else np.zeros(0, dtype=bool)
+    looks_up = np.where(has_old, of[n:], of[:n])
+    new = of[:n]
+    split = (op == UPDATE) & has_old & (new != looks_up)
+    truncates = np.flatnonzero(op == TRUNCATE)
+    out = []
+    for b in range(buckets):
+        whole = np.flatnonzero((looks_up == b) & (op != TRUNCATE))
+        added = np.flatnonzero(split & (new == b))
+        index = np.concatenate([whole, added, truncates])
+        halves = np.concatenate([np.where(split[whole], OLD_HALF, WHOLE), np.full(added.size, NEW_HALF),
+                                 np.full(truncates.size, WHOLE)]).astype(np.int8)
+        out.append((rows.take(pa.array(index, pa.int64())), halves))
+    return out
 
 
 def _skipped_reason(op: str, unchanged: bool) -> str:
@@ -536,11 +639,20 @@ def _skipped_frame(schema: pa.Schema, p: Prepared, rows: np.ndarray, toast: np.n
     return _frame(schema, "skipped", p, rows, reasons, cols)
 
 
-def _multiset(p: Prepared) -> pa.Table:
+def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
     n = p.rows.num_rows
+    op = p.op
+    if halves is not None and halves.any():
+        op = op.copy()
+        op[halves == OLD_HALF] = DELETE
+        op[halves == NEW_HALF] = INSERT
     pre, count, rep, last, listed, skipped, truncated_at = multiset_walk(
-        p.commit_order, p.op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
+        p.commit_order, op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
     truncated_at = int(truncated_at)
+    conflicts = skipped[:0]
+    if halves is not None and skipped.size:
+        split = halves[skipped] == OLD_HALF
+        conflicts, skipped = skipped[split], skipped[~split]
 
     # Per code now holding a count: rows to insert (more than before), or all of the
     # mirror's copies deleted and the ones left inserted again (fewer than before).
@@ -563,6 +675,9 @@ def _multiset(p: Prepared) -> pa.Table:
                             actions=np.where(delete_all, 1, 0).astype(np.int32),
                             inserted=grows[of].astype(np.int64),
                             deleted=np.where(delete_all, (before - final)[of], 0).astype(np.int64)))
+    if conflicts.size:
+        cols = {name: pa.nulls(conflicts.size, p.data[name].type) for name in p.names}
+        parts.append(_frame(schema, "conflict", p, conflicts, [CONFLICT_REASON] * conflicts.size, cols))
     return _ending(parts, schema, p, skipped, None, truncated_at)
 
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from pgoutput_spark.assemble.typed import change_schema
 from pgoutput_spark.decoder import kernel
 from pgoutput_spark.mirroring import walk
-from pgoutput_spark.mirroring.net import TableSpec, joined_buckets, net_changes
+from pgoutput_spark.mirroring.net import (NEW_HALF, OLD_HALF, WHOLE, TableSpec, in_halves, joined_buckets, key_hashes,
+                                         net_changes)
 
 COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
 NAMES = tuple(name for name, _ in COLUMNS)
@@ -233,6 +234,79 @@ def test_net_change_in_tasks_by_key_equals_row_by_row_apply(spec, data):
                      data.draw(st.integers(1, 3)), rnd.randint(1, 4))
     out = pa.concat_tables([net_changes(part, spec) for part in parts])
     assert _normal(merged(initial, out, spec)) == _normal(reference(initial, changes, spec))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_a_multiset_netted_in_halves_equals_row_by_row_apply_or_asks_for_one_task(data):
+    """What `rows.halved_net_frame` does: a multiset's rows in buckets by the row each looks up,
+    an update whose new row is in another bucket in both as halves; the buckets' outputs together
+    merge to what the apply worker leaves, unless one says ``conflict``, and only a run in which
+    one task skips an update can say that."""
+    initial, changes = data.draw(scenario(MULTISET))
+    rnd = data.draw(st.randoms(use_true_random=False))
+    table = to_table(initial, changes, MULTISET, shuffle=rnd)
+    parts = in_halves(table, MULTISET, data.draw(st.integers(1, 5)))
+    assert parts is not None
+    assert sum(int((h != NEW_HALF).sum()) for _, h in parts) == table.num_rows + (len(parts) - 1) * sum(
+        c["_op"] == "truncate" for c in changes)
+    out = pa.concat_tables([net_changes(part, MULTISET, halves=halves) for part, halves in parts])
+    whole = net_changes(table, MULTISET).to_pylist()
+    skipped_updates = [r for r in whole if r["_action"] == "skipped" and r["_op"] == "update"]
+    conflicts = [r for r in out.to_pylist() if r["_action"] == "conflict"]
+    if not skipped_updates:
+        assert not conflicts
+    if conflicts:
+        assert skipped_updates
+        assert {r["_seq"] for r in conflicts} <= {r["_seq"] for r in skipped_updates}
+    else:
+        assert _normal(merged(initial, out, MULTISET)) == _normal(reference(initial, changes, MULTISET))
+
+
+def test_an_update_between_buckets_comes_to_both_as_halves():
+    a = {"id": 1, "k2": 0, "big": "x", "n": 1}
+    at = {}
+    for n in range(2, 40):  # a new row in the other bucket of two
+        b = {**a, "n": n}
+        parts = in_halves(to_table([], [{"_op": "update", "new": b, "_old": a, "_unchanged_toast": [], "commit": 1}],
+                                   MULTISET), MULTISET, 2)
+        at[n] = sorted((i, int(h)) for i, (_, halves) in enumerate(parts) for h in halves)
+    assert {tuple(sorted(h for _, h in v)) for v in at.values()} == {(WHOLE,), (OLD_HALF, NEW_HALF)}
+    b = next({**a, "n": n} for n, v in at.items() if len(v) == 2)
+    row = dict(a)
+    changes = [{"_op": "update", "new": b, "_old": a, "_unchanged_toast": [], "commit": 1},
+               {"_op": "delete", "new": None, "_old": b, "_unchanged_toast": [], "commit": 2},
+               {"_op": "insert", "new": b, "_old": None, "_unchanged_toast": [], "commit": 3}]
+    parts = in_halves(to_table([row, row], changes, MULTISET), MULTISET, 2)
+    out = pa.concat_tables([net_changes(part, MULTISET, halves=halves) for part, halves in parts])
+    assert not [r for r in out.to_pylist() if r["_action"] == "conflict"]
+    assert _normal(merged([row, row], out, MULTISET)) == _normal([row, b])
+    # The same update of a row the mirror does not have: the bucket of its old row cannot know
+    # whether the other applied its new row, and says so.
+    parts = in_halves(to_table([], changes[:1], MULTISET), MULTISET, 2)
+    out = pa.concat_tables([net_changes(part, MULTISET, halves=halves) for part, halves in parts]).to_pylist()
+    assert [(r["_action"], r["_seq"]) for r in out if r["_action"] != "insert"] == [("conflict", 0)]
+
+
+@pytest.mark.skipif(kernel.numba is None, reason="numba is not installed: rows are not hashed")
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["", "a", "bb", "a longer string", None])),
+                min_size=1, max_size=30), st.randoms(use_true_random=False))
+def test_key_hashes_are_equal_for_equal_rows_however_their_arrays_came(rows, rnd):
+    """Equal rows hash equal in every task: whatever chunks and order their arrays have."""
+    shuffled = list(rows)
+    rnd.shuffle(shuffled)
+    cut = rnd.randint(0, len(shuffled))
+
+    def hashes(part):
+        ints = pa.chunked_array([pa.array([r[0] for r in part[:cut]], pa.int64()),
+                                 pa.array([r[0] for r in part[cut:]], pa.int64())])
+        texts = pa.array([r[1] for r in part], pa.string())
+        return dict(zip(part, key_hashes([ints, texts]).tolist()))
+
+    first, second = hashes(rows), hashes(shuffled)
+    assert first == second
+    assert len(set(first.values())) == len(first)  # distinct rows apart (64 bits: no meeting expected)
 
 
 def test_joined_buckets_go_with_the_smallest_bucket_they_are_linked_to():

@@ -80,6 +80,8 @@ from .mirroring.rows import (
     LOCAL_NET_ROWS,
     NET_TASK_ROWS,
     converted_net_frame,
+    halved_net_frame,
+    halved_tasks,
     local_converted_net,
     looked_up,
     moved_buckets,
@@ -658,11 +660,14 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 
 def _converted_net(session: SparkSession, committed: DataFrame, oid: int, history: RelationHistory,
-                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool) -> DataFrame:
-    """A table's committed change rows converted and netted in one task (`converted_net_frame`);
-    ``tuples`` as for `relation_rows`."""
-    return converted_net_frame(relation_rows(committed, oid, tuples=tuples, transactions=False),
-                               converter(session, oid, history, arrow_schema), spec, arrow_schema)
+                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool, tasks: int = 1) -> DataFrame:
+    """A table's committed change rows converted and netted in one task (`converted_net_frame`),
+    or a multiset's in ``tasks`` tasks (`halved_net_frame`); ``tuples`` as for `relation_rows`."""
+    changes = relation_rows(committed, oid, tuples=tuples, transactions=False)
+    convert = converter(session, oid, history, arrow_schema)
+    if tasks > 1:
+        return halved_net_frame(changes, convert, spec, arrow_schema, tasks)
+    return converted_net_frame(changes, convert, spec, arrow_schema)
 
 
 def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
@@ -699,12 +704,15 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise
     # nothing to look up, no history, one task: convert and net in it (`converted_net_frame`).
     local = past is None and tasks == 1 and n_changes <= LOCAL_NET_ROWS
-    fused = not looks_up and past is None and tasks == 1
+    # A multiset's net change in halves: conversion and net change spread over the cores too.
+    halved = 1 if looks_up or past is not None or local else halved_tasks(
+        n_changes, spec, arrow_schema, session.sparkContext.defaultParallelism, net_task_rows)
+    fused = not looks_up and past is None and (tasks == 1 or halved > 1)
     typed = None if fused or local else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
         moved: list[tuple[int, int]] = []
-        if tasks > 1 and "update" in kinds:
+        if tasks > 1 and "update" in kinds and not fused:
             assert typed is not None
             with _step(f"{name}: updates that move rows between keys"):
                 moved = moved_buckets(typed, spec, tasks)  # buckets joined: some tasks may get no rows
@@ -724,8 +732,15 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                     look_up=((lambda keys, schema: pre_image(session, plan.path, keys, schema, spec))
                              if looks_up else None))
         elif fused:
-            net, summary = _summarized(
-                name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))
+            net, summary = _summarized(name, _converted_net(session, committed, oid, history, spec, arrow_schema,
+                                                            tuples=tuples, tasks=halved))
+            if "conflict" in summary:  # an update of a row not there, netted in halves: again in one task
+                release(net)
+                _log.info("%s: an update of a missing row in a net change in %d tasks: netted again in one",
+                          name, halved)
+                halved = 1
+                net, summary = _summarized(
+                    name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))
         else:
             assert typed is not None
             pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
@@ -765,7 +780,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                           "deleted": counts["deleted"] if truncated else
                           sum(r["del"] or 0 for r in summary.values())}
             return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
-                               history=versions, tasks=tasks)
+                               history=versions, tasks=halved if fused else tasks)
         finally:
             release(net)
     finally:

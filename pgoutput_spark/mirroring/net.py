@@ -520,6 +520,13 @@ def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray],
     return hashes if used else None
 
 
+def can_hash_keys(spec: TableSpec, schema: pa.Schema) -> bool:
+    """Whether `key_hashes` hashes ``spec``'s key columns of ``schema`` (numba, and a fixed-width or
+    byte-string key column)."""
+    return kernel.numba is not None and any(
+        _fixed_width(schema.field(k).type) or ab.is_byte_strings(schema.field(k).type) for k in spec.key)
+
+
 def in_halves(rows: pa.Table, spec: TableSpec, buckets: int) -> list[tuple[pa.Table, np.ndarray]] | None:
     """A multiset's change rows spread over ``buckets`` for `net_changes` with ``halves``: per
     bucket, its rows and their halves. A row goes to the bucket of the row it looks up (its old

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -19,7 +20,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
 from .delta import quote, read_current
-from .net import TableSpec, _field, _one_array, joined_buckets, net_changes, out_schema
+from .net import TableSpec, _field, _one_array, can_hash_keys, in_halves, joined_buckets, net_changes, out_schema
 
 
 def _key_names(spec: TableSpec) -> list[str]:
@@ -151,6 +152,107 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
     return changes.coalesce(1).mapInArrow(
         run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
+
+
+#: A multiset's change rows per task of `halved_net_frame`, at least: a table with fewer than
+#: twice as many is netted in one task (`halved_tasks`).
+HALVED_TASK_ROWS = 100_000
+
+#: Bytes of one Arrow IPC value passed from a converting task to a netting task (`halved_net_frame`),
+#: about: a Spark binary value holds under 2 GB.
+BLOB_BYTES = 32 << 20
+
+
+def halved_tasks(rows: int, spec: TableSpec, arrow_schema: pa.Schema, cores: int, net_task_rows: int) -> int:
+    """Tasks of `halved_net_frame` for a multiset's ``rows`` change rows: one per
+    `HALVED_TASK_ROWS` up to ``cores``, and at least one per ``net_task_rows`` (what a task
+    holds at most); 1 (no halves) for a keyed table, without numba, or where no identity column
+    can be hashed alike in every task (`net.key_hashes`: fixed-width and byte-string columns)."""
+    if spec.mode != "multiset" or not can_hash_keys(spec, arrow_schema):
+        return 1
+    return max(1, min(cores, rows // HALVED_TASK_ROWS), -(-rows // net_task_rows))
+
+
+def spark_partition_values(tasks: int) -> list[int]:
+    """Per partition ``p`` of ``repartition(tasks, column)``, an int that Spark sends there: Spark
+    sends a row to ``pmod(hash(column), tasks)``, `spark_hash_int` for an int column."""
+    out: dict[int, int] = {}
+    value = 0
+    while len(out) < tasks:
+        out.setdefault(spark_hash_int(value) % tasks, value)
+        value += 1
+    return [out[p] for p in range(tasks)]
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash`` of an int (Murmur3 x86 32-bit of its four bytes, seed 42), signed."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    k = rotl((value & mask) * 0xCC9E2D51 & mask, 15) * 0x1B873593 & mask
+    h = (rotl(seed ^ k, 13) * 5 + 0xE6546B64) & mask
+    h ^= 4
+    h = (h ^ (h >> 16)) * 0x85EBCA6B & mask
+    h = (h ^ (h >> 13)) * 0xC2B2AE35 & mask
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _blob(batch: pa.RecordBatch) -> pa.Array:
+    """``batch`` as one Arrow IPC stream, a binary array of one value (no copy of the stream)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    data = sink.getvalue()
+    offsets = pa.py_buffer(np.array([0, data.size], np.int32).tobytes())
+    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
+
+
+def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+                     spec: TableSpec, arrow_schema: pa.Schema, tasks: int) -> DataFrame:
+    """`converted_net_frame` of a multiset over ``tasks`` tasks (`halved_tasks`): ``tasks`` tasks
+    convert the raw change rows and send each row to the task of its bucket (`net.in_halves`:
+    an update whose new row is in another bucket goes to both as halves), as Arrow IPC values of
+    about `BLOB_BYTES` each; then ``tasks`` tasks net a bucket each (`net_changes` with halves).
+
+    The typed rows never become Spark rows: the shuffle moves a few binary values, and both the
+    conversion and the net change use every core, where one task did both for the whole table.
+    A bucket whose update finds no row cannot know whether another bucket applied its new row
+    (see `net_changes`): it says ``conflict``, and the caller nets the table in one task.
+    """
+    partition = spark_partition_values(tasks)
+    halved_schema = arrow_schema.append(pa.field(_HALF, pa.int8()))
+
+    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(converted(batches, convert), schema=arrow_schema)
+        parts = in_halves(table, spec, tasks)
+        if parts is None:  # the driver found the key hashable (`halved_tasks`): this worker must too
+            raise RuntimeError("a multiset's rows cannot be hashed in this Python worker (is numba installed?)")
+        for (part, halves), value in zip(parts, partition):
+            part = part.append_column(_HALF, pa.array(halves, pa.int8())).combine_chunks()
+            rows = max(1, int(BLOB_BYTES * part.num_rows / max(part.nbytes, 1)))
+            for batch in part.to_batches(max_chunksize=rows):
+                yield pa.RecordBatch.from_arrays([pa.array([value], pa.int32()), _blob(batch)],
+                                                 names=[_PARTITION, _BLOBS])
+
+    def net(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts = [pa.ipc.open_stream(blob.as_buffer()).read_all()
+                 for batch in batches for blob in batch.column(_BLOBS)]
+        table = pa.concat_tables(parts) if parts else halved_schema.empty_table()
+        halves = np.asarray(table.column(_HALF).to_numpy(), dtype=np.int8)
+        rows = pa.Table.from_arrays(table.columns[:-1], schema=arrow_schema)
+        yield from net_changes(rows, spec, halves=halves).to_batches(max_chunksize=10_000)
+
+    blobs = changes.coalesce(tasks).mapInArrow(split, f"{_PARTITION} int, {_BLOBS} binary")
+    return blobs.repartition(tasks, _PARTITION).mapInArrow(
+        net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
+
+
+_HALF = "__pgoutput_spark_half"
+_PARTITION = "__pgoutput_spark_partition"
+_BLOBS = "__pgoutput_spark_rows"
 
 
 #: Change rows of a table's run up to which `local_converted_net` converts and nets them on the

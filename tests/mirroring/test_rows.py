@@ -9,6 +9,7 @@ import time
 import pyarrow as pa
 import pytest
 
+from pgoutput_spark.decoder import kernel
 from pgoutput_spark.mirroring.net import TableSpec
 from pgoutput_spark.mirroring.rows import CONVERT_THREADS, converted, looked_up_keys
 
@@ -77,3 +78,19 @@ def test_a_multisets_rows_look_up_their_old_rows_nulls_and_all():
     assert keys.schema.types == [pa.int64(), pa.string()]
     assert sorted(zip(*[c.to_pylist() for c in keys.columns]), key=str) == [(1, None), (None, "a")]
     assert looked_up_keys(rows.slice(3), TableSpec("multiset", ("id", "v"), ("id", "v"))).num_rows == 0
+
+
+@pytest.mark.skipif(kernel.numba is None, reason="numba is not installed: rows are not hashed, no halves")
+def test_a_large_multiset_is_netted_in_halves_over_the_cores_and_a_keyed_table_never():
+    from pgoutput_spark.assemble.typed import change_schema
+    from pgoutput_spark.mirroring.rows import HALVED_TASK_ROWS, halved_tasks
+
+    schema = change_schema([("a", pa.int32()), ("m", pa.map_(pa.string(), pa.string()))])
+    multiset = TableSpec("multiset", ("a", "m"), ("a", "m"))
+    per = HALVED_TASK_ROWS
+    assert [halved_tasks(rows, multiset, schema, 4, 10 * per) for rows in (per, 2 * per, 3 * per, 9 * per)] == \
+        [1, 2, 3, 4]
+    assert halved_tasks(9 * per, multiset, schema, 2, 2 * per) == 5  # at most net_task_rows a task
+    assert halved_tasks(9 * per, TableSpec("keyed", ("a",), ("a", "m")), schema, 4, 10 * per) == 1
+    # Nothing to hash alike in every task (a map's codes are numbered in each): one task.
+    assert halved_tasks(9 * per, TableSpec("multiset", ("m",), ("m",)), schema, 4, 10 * per) == 1

@@ -1017,3 +1017,18 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     spark.range(7, 9).write.format("delta").mode("append").save(bare)
     rows, jobs = counted(bare, "bare")
     assert rows == 9 and jobs > 0
+
+
+def test_each_of_spark_partition_values_goes_to_its_partition(spark):
+    """`rows.halved_net_frame` sends a bucket's rows to one task by a value Spark's hash
+    partitioning sends there: Spark's own hash, and its partitions, agree."""
+    from pyspark.sql import functions as F
+
+    ints = [0, 1, -1, 42, 7_000_000, 2**31 - 1, -2**31]
+    hashed = spark.createDataFrame([(i,) for i in ints], "i int").select(F.hash("i")).collect()
+    assert [r[0] for r in hashed] == [mirror_rows.spark_hash_int(i) for i in ints]
+    for tasks in (1, 2, 3, 8):
+        values = mirror_rows.spark_partition_values(tasks)
+        frame = spark.createDataFrame([(v,) for v in values], "v int").repartition(tasks, "v")
+        placed = {r[0]: r[1] for r in frame.select("v", F.spark_partition_id()).collect()}
+        assert placed == {v: p for p, v in enumerate(values)}

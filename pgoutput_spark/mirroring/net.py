@@ -492,13 +492,19 @@ def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = 
     return _multiset(p, halves)
 
 
+#: Leading bytes of a byte string that `key_hashes` reads (equal strings have equal ones): a
+#: long text would cost more to read than its key is worth to spread the rows.
+HASHED_PREFIX = 32
+
+
 def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray],
                sources: Sequence[np.ndarray | None] | None = None) -> np.ndarray | None:
     """A 64-bit hash per row (uint64) of its values in ``columns``, the same for equal values in
     any process: made of their bits and bytes only (`walk.hash_words`, `walk.hash_bytes`), never
-    of codes numbered in one process, so only the fixed-width and byte-string columns count (which
-    still gives equal keys equal hashes). ``sources`` as for `key_codes`. None without numba, or
-    when no column is of those types."""
+    of codes numbered in one process, so only the fixed-width and byte-string columns count, and
+    of a byte string only its length and first `HASHED_PREFIX` bytes (which still gives equal
+    keys equal hashes). ``sources`` as for `key_codes`. None without numba, or when no column is
+    of those types."""
     if kernel.numba is None or not columns:
         return None
     sources = list(sources) if sources is not None else [None] * len(columns)
@@ -506,16 +512,24 @@ def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray],
     used = False
     for column, source in zip(columns, sources):
         if _fixed_width(column.type):
-            words: list[np.ndarray] = []
-            _fixed_words(_one_array(column) if isinstance(column, pa.ChunkedArray) else column, words, [])
-            for w in words:
-                hash_words(hashes, np.ascontiguousarray(w if source is None else w[source], dtype=np.int64))
+            chunks = column.chunks if isinstance(column, pa.ChunkedArray) and source is None else \
+                [_one_array(column) if isinstance(column, pa.ChunkedArray) else column]
+            start = 0
+            for chunk in chunks:  # chunk by chunk, into the chunk's rows of ``hashes``: no copy of the column
+                words: list[np.ndarray] = []
+                _fixed_words(chunk, words, [])
+                part = hashes if source is not None else hashes[start:start + len(chunk)]
+                for w in words:
+                    hash_words(part, np.ascontiguousarray(w if source is None else w[source], dtype=np.int64))
+                start += len(chunk)
             used = True
         elif ab.is_byte_strings(column.type):
             address, length = _var_column(column)
             if source is not None:
                 address, length = address[source], length[source]
-            hash_bytes(hashes, np.ascontiguousarray(address), np.ascontiguousarray(length))
+            # The length whole (equal strings, equal lengths), then a prefix of the bytes.
+            hash_words(hashes, np.ascontiguousarray(length, dtype=np.int64))
+            hash_bytes(hashes, np.ascontiguousarray(address), np.minimum(length, HASHED_PREFIX))
             used = True
     return hashes if used else None
 

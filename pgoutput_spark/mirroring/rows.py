@@ -203,7 +203,7 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
 def _blob(batch: pa.RecordBatch) -> pa.Array:
     """``batch`` as one Arrow IPC stream, a binary array of one value (no copy of the stream)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_batch(batch)
     data = sink.getvalue()
     offsets = pa.py_buffer(np.array([0, data.size], np.int32).tobytes())
@@ -212,10 +212,11 @@ def _blob(batch: pa.RecordBatch) -> pa.Array:
 
 def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
                      spec: TableSpec, arrow_schema: pa.Schema, tasks: int) -> DataFrame:
-    """`converted_net_frame` of a multiset over ``tasks`` tasks (`halved_tasks`): ``tasks`` tasks
-    convert the raw change rows and send each row to the task of its bucket (`net.in_halves`:
-    an update whose new row is in another bucket goes to both as halves), as Arrow IPC values of
-    about `BLOB_BYTES` each; then ``tasks`` tasks net a bucket each (`net_changes` with halves).
+    """`converted_net_frame` of a multiset over ``tasks`` tasks (`halved_tasks`): a task per
+    partition of ``changes`` (cached rows: no shuffle before it) converts its raw change rows and
+    sends each row to the task of its bucket (`net.in_halves`: an update whose new row is in
+    another bucket goes to both as halves), as Arrow IPC values (LZ4) of about `BLOB_BYTES`
+    each; then ``tasks`` tasks net a bucket each (`net_changes` with halves).
 
     The typed rows never become Spark rows: the shuffle moves a few binary values, and both the
     conversion and the net change use every core, where one task did both for the whole table.
@@ -245,7 +246,7 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
         rows = pa.Table.from_arrays(table.columns[:-1], schema=arrow_schema)
         yield from net_changes(rows, spec, halves=halves).to_batches(max_chunksize=10_000)
 
-    blobs = changes.coalesce(tasks).mapInArrow(split, f"{_PARTITION} int, {_BLOBS} binary")
+    blobs = changes.mapInArrow(split, f"{_PARTITION} int, {_BLOBS} binary")
     return blobs.repartition(tasks, _PARTITION).mapInArrow(
         net, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
 

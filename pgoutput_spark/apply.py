@@ -704,15 +704,17 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise
     # nothing to look up, no history, one task: convert and net in it (`converted_net_frame`).
     local = past is None and tasks == 1 and n_changes <= LOCAL_NET_ROWS
-    # A multiset's net change in halves: conversion and net change spread over the cores too.
-    halved = 1 if looks_up or past is not None or local else halved_tasks(
+    # A multiset without a history: its net change in halves over the cores (`halved_tasks`),
+    # its rows converted in the same tasks where none are looked up.
+    halved = 1 if past is not None or local else halved_tasks(
         n_changes, spec, arrow_schema, session.sparkContext.defaultParallelism, net_task_rows)
+    tasks = max(tasks, halved)
     fused = not looks_up and past is None and (tasks == 1 or halved > 1)
     typed = None if fused or local else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()
     try:
         moved: list[tuple[int, int]] = []
-        if tasks > 1 and "update" in kinds and not fused:
+        if tasks > 1 and "update" in kinds and halved == 1:
             assert typed is not None
             with _step(f"{name}: updates that move rows between keys"):
                 moved = moved_buckets(typed, spec, tasks)  # buckets joined: some tasks may get no rows
@@ -731,20 +733,21 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                     converter(session, oid, history, arrow_schema, local=True), spec, arrow_schema,
                     look_up=((lambda keys, schema: pre_image(session, plan.path, keys, schema, spec))
                              if looks_up else None))
-        elif fused:
-            net, summary = _summarized(name, _converted_net(session, committed, oid, history, spec, arrow_schema,
-                                                            tuples=tuples, tasks=halved))
-            if "conflict" in summary:  # an update of a row not there, netted in halves: again in one task
-                release(net)
-                _log.info("%s: an update of a missing row in a net change in %d tasks: netted again in one",
-                          name, halved)
-                halved = 1
-                net, summary = _summarized(
-                    name, _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples))
         else:
-            assert typed is not None
-            pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
-            net, summary = _summarized(name, net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved))
+            def netted(tasks: int) -> DataFrame:
+                if fused:
+                    return _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples,
+                                          tasks=tasks)
+                assert typed is not None
+                pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
+                return net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halved > 1)
+
+            net, summary = _summarized(name, netted(tasks))
+            if "conflict" in summary:  # netted in halves, an update found no row: again in one task
+                release(net)
+                _log.info("%s: an update of a row not there, netted in %d tasks: netted again in one", name, tasks)
+                tasks = 1
+                net, summary = _summarized(name, netted(1))
         try:
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
@@ -780,7 +783,7 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                           "deleted": counts["deleted"] if truncated else
                           sum(r["del"] or 0 for r in summary.values())}
             return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
-                               history=versions, tasks=halved if fused else tasks)
+                               history=versions, tasks=tasks)
         finally:
             release(net)
     finally:

@@ -93,15 +93,21 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
 
 
 def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
-              arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None) -> DataFrame:
+              arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None,
+              halves: bool = False) -> DataFrame:
     """The run's net rows for one table (schema `net.out_schema`), computed in one task, or
-    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`).
+    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`, or a
+    multiset's in ``halves``: see `net.net_changes`, whose ``conflict`` rows then ask the caller
+    for one task).
 
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
-    return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), lambda rows: net_changes(rows, spec),
-                    spec=spec, tasks=tasks, moved=moved)
+    def compute(rows: pa.Table, halved: np.ndarray | None = None) -> pa.Table:
+        return net_changes(rows, spec, halves=halved)
+
+    return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), compute,
+                    spec=spec, tasks=tasks, moved=moved, halves=halves)
 
 
 #: Threads that convert the batches of one net-change task (`converted`).
@@ -252,6 +258,8 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
 
 
 _HALF = "__pgoutput_spark_half"
+_SPLIT = "__pgoutput_spark_split"
+_POSITION = "__pgoutput_spark_position"
 _PARTITION = "__pgoutput_spark_partition"
 _BLOBS = "__pgoutput_spark_rows"
 
@@ -300,29 +308,37 @@ def local_converted_net(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
 
 
 def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, result_schema: pa.Schema,
-             compute: Callable[[pa.Table], pa.Table], *, spec: TableSpec | None = None, tasks: int = 1,
-             moved: list[tuple[int, int]] | None = None) -> DataFrame:
+             compute: Callable[..., pa.Table], *, spec: TableSpec | None = None, tasks: int = 1,
+             moved: list[tuple[int, int]] | None = None, halves: bool = False) -> DataFrame:
     """``compute`` over all of a table's change rows (and ``pre``) at once, in one Spark task;
     or, with ``tasks`` > 1, over each of ``tasks`` partitions of them by key (`by_key` with
-    ``spec`` and ``moved``)."""
+    ``spec`` and ``moved``, or ``halves``: then ``compute`` also gets each row's half)."""
     rows = typed if pre is None else typed.unionByName(pre)
     spread = tasks > 1
+    halves = halves and spread
     extra = []
     if spread:
         assert spec is not None
-        rows, extra = by_key(rows, spec, tasks, moved or []), [_BUCKET]
+        rows = by_key(rows, spec, tasks, moved or [], halves=halves)
+        extra = [_BUCKET, _HALF] if halves else [_BUCKET]
     # mapInArrow resolves its input columns by name, and reads "a.b" as a nested field:
     # hand it positional names and give the batches their real names back inside.
     rows, flags = arrays_without_nulls(rows.toDF(*_positional(arrow_schema).names, *extra))
     rows = rows.repartition(tasks, _BUCKET).drop(_BUCKET) if spread else rows.repartition(1)
-    schema = pa.schema([*_positional(arrow_schema), *[pa.field(f, pa.bool_()) for f in flags]])
+    schema = pa.schema([*_positional(arrow_schema), *([pa.field(_HALF, pa.int8())] if halves else []),
+                        *[pa.field(f, pa.bool_()) for f in flags]])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)  # the flags arrive NOT NULL: take the batches' own schema
         table = pa.Table.from_batches(received) if received else schema.empty_table()
         table = restore_null_arrays(table, flags)
-        table = pa.Table.from_arrays(table.columns, schema=arrow_schema)
-        yield from compute(table).to_batches(max_chunksize=10_000)
+        if halves:
+            halved = np.asarray(table.column(_HALF).to_numpy(), dtype=np.int8)
+            table = table.drop_columns([_HALF])
+            out = compute(pa.Table.from_arrays(table.columns, schema=arrow_schema), halved)
+        else:
+            out = compute(pa.Table.from_arrays(table.columns, schema=arrow_schema))
+        yield from out.to_batches(max_chunksize=10_000)
 
     return rows.mapInArrow(run, from_arrow_schema(result_schema, prefer_timestamp_ntz=True))
 
@@ -388,18 +404,31 @@ def moved_buckets(typed: DataFrame, spec: TableSpec, tasks: int) -> list[tuple[i
     return [(r["a"], r["b"]) for r in pairs.where(F.col("a") != F.col("b")).distinct().collect()]
 
 
-def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, int]]) -> DataFrame:
+def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, int]], *,
+           halves: bool = False) -> DataFrame:
     """``rows`` (change rows and pre-image) with a bucket (column `_BUCKET`) such that the rows
     of one bucket hold every row of their keys, and a copy of every truncate in every bucket.
 
     A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
     joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
-    after its key changed meet in one task (`net.joined_buckets`).
+    after its key changed meet in one task (`net.joined_buckets`). A multiset's rows in
+    ``halves`` join no buckets: an update whose new row is in another bucket goes to both, as
+    its old half in its own and its new half in the other (column `_HALF`, `net.in_halves`'
+    rule, by Spark's hash).
     """
     buckets = _buckets(tasks)
+    every = F.sequence(F.lit(0), F.lit(buckets - 1))
+    looks_up = _bucket(_identity(rows, spec, "old"), buckets)
+    if halves:
+        leaves = _bucket(_identity(rows, spec, "new"), buckets)
+        split = (F.col("_op") == "update") & F.col("_old").isNotNull() & (looks_up != leaves)
+        bucket = F.when(F.col("_op") == "truncate", every).when(split, F.array(looks_up, leaves)).otherwise(
+            F.array(looks_up))
+        rows = rows.select("*", split.alias(_SPLIT), F.posexplode(bucket).alias(_POSITION, _BUCKET))
+        half = F.when(F.col(_SPLIT), F.col(_POSITION) + 1).otherwise(0).cast("byte")
+        return rows.withColumn(_HALF, half).drop(_SPLIT, _POSITION)
     joined = joined_buckets(buckets, moved)
-    bucket = F.when(F.col("_op") == "truncate", F.sequence(F.lit(0), F.lit(buckets - 1))).otherwise(
-        F.array(_bucket(_identity(rows, spec, "old"), buckets)))
+    bucket = F.when(F.col("_op") == "truncate", every).otherwise(F.array(looks_up))
     rows = rows.select("*", F.explode(bucket).alias(_BUCKET))
     if any(b != i for i, b in enumerate(joined)):
         rows = rows.withColumn(_BUCKET, F.element_at(F.array(*[F.lit(b) for b in joined]), F.col(_BUCKET) + 1))

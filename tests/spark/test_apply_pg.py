@@ -476,8 +476,10 @@ def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, mo
 
 
 def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...],
-                publish: str = "ALL TABLES") -> tuple[Mirrors, ApplyResult]:
-    """A one-table workload in a database of its own, protocol 1, one run, compared with PostgreSQL."""
+                publish: str = "ALL TABLES",
+                runs_before: tuple[int, ...] = ()) -> tuple[Mirrors, list[ApplyResult]]:
+    """A one-table workload in a database of its own, protocol 1, compared with PostgreSQL: one
+    run, or a run before each step (a transaction) numbered in ``runs_before`` too."""
     db = new_database(pg, "apply_case")
     pg.execute(f"{create}; CREATE PUBLICATION pub_main FOR {publish}", dbname=db)
     slot = f"{db}_p1"
@@ -490,8 +492,9 @@ def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple
         d.close()
     messages = pg.peek_pgoutput(slot, publications=["pub_main"], proto_version=1, dbname=db)
     pg.drop_slot(slot, dbname=db)
-    mirrors, (result,) = _apply_and_compare(spark, messages, d.workload, tmp_path, [], run_after=set())
-    return mirrors, result
+    begins = [i for i, m in enumerate(messages) if m.data[:1] == b"B"]
+    cuts = [begins[k] for k in runs_before]
+    return _apply_and_compare(spark, messages, d.workload, tmp_path, cuts, run_after=set(range(len(cuts))))
 
 
 def test_a_landing_written_from_sql_with_text_lsns_and_xids(spark, pg15, tmp_path):
@@ -690,13 +693,14 @@ def _halved(monkeypatch) -> None:
 
 
 def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path, monkeypatch):
-    """A FULL-identity table without a key, its net change converted and netted in two tasks,
-    the rows of each update in the task of its old row and, where its new row's bucket is the
-    other, in both: identical rows, updates with a TOASTed column unchanged (sent as 'u', its
-    value in the old row), rows updated twice, deletes, a truncate and rows after it."""
+    """A FULL-identity table without a key, its net change in two tasks, the rows of each update
+    in the task of its old row and, where its new row's bucket is the other, in both: identical
+    rows, updates with a TOASTed column unchanged (sent as 'u', its value in the old row), rows
+    updated twice, deletes, a truncate and rows after it. Three runs: the first into a new
+    mirror (rows converted in the netting tasks' stage), the others looking rows up in it."""
     _halved(monkeypatch)
     big = "repeat(md5(g::text), 100)"  # 3,200 bytes, stored EXTERNAL: TOASTed, not compressed
-    _, result = _small_case(
+    _, results = _small_case(
         spark, pg15, tmp_path, "CREATE TABLE ms (a int, b text, big text); ALTER TABLE ms REPLICA IDENTITY FULL;"
         " ALTER TABLE ms ALTER COLUMN big SET STORAGE EXTERNAL",
         (f"INSERT INTO ms SELECT g % 7, 'b', {big} FROM generate_series(1, 40) g",
@@ -706,9 +710,8 @@ def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path, mon
         ("TRUNCATE ms",),
         (f"INSERT INTO ms SELECT g % 5, 'd', {big} FROM generate_series(1, 30) g",),
         ("UPDATE ms SET b = 'e' || a WHERE a % 2 = 0", "UPDATE ms SET a = -a WHERE b LIKE 'e%'"),
-        ("DELETE FROM ms WHERE a = 3",))
-    (table,) = result.tables
-    assert (table.table, table.tasks, table.skipped) == ("public.ms", 2, 0)
+        ("DELETE FROM ms WHERE a = 3",), runs_before=(1, 4))
+    assert [[(t.table, t.tasks, t.skipped) for t in r.tables] for r in results] == [[("public.ms", 2, 0)]] * 3
 
 
 def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_task(spark, pg15, tmp_path,
@@ -716,7 +719,8 @@ def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_
     """Netted in halves, an update of a row the mirror does not have cannot be told apart from
     one whose row another task's bucket would have had: that table is netted again in one task,
     and the subscriber's result comes out. The oracle is a twin table, not published, that took
-    the same statements from empty, as a subscriber's table from an empty start does."""
+    the same statements from empty, as a subscriber's table from an empty start does. Two runs:
+    into a new mirror, then looking rows up in it."""
     _halved(monkeypatch)
     db = new_database(pg15, "halves_missing")
     pg15.execute("CREATE TABLE ms (a int, b text); ALTER TABLE ms REPLICA IDENTITY FULL;"
@@ -725,22 +729,30 @@ def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_
                  " CREATE PUBLICATION pub FOR TABLE ms", dbname=db)
     slot = f"{db}_slot"
     pg15.create_slot(slot, dbname=db)
-    for statement in ("INSERT INTO {} SELECT g % 5, 'x' FROM generate_series(1, 40) g",
-                      "UPDATE {} SET b = 'moved' || b WHERE b LIKE 'before%' AND a < 3",  # rows never captured
-                      "UPDATE {} SET a = a + 5 WHERE b = 'x' AND a = 1",
-                      "DELETE FROM {} WHERE a = 2"):
-        for table in ("ms", "twin"):
-            pg15.execute(statement.format(table), dbname=db)
+    runs = [("INSERT INTO {} SELECT g % 5, 'x' FROM generate_series(1, 40) g",
+             "UPDATE {} SET b = 'moved' || b WHERE b LIKE 'before%' AND a < 3"),  # rows never captured
+            ("UPDATE {} SET a = a + 5 WHERE b = 'x' AND a = 1",
+             "UPDATE {} SET b = b || '!' WHERE b LIKE 'moved%'",
+             "DELETE FROM {} WHERE a = 2")]
+    twins = []
+    for statements in runs:
+        for statement in statements:
+            for table in ("ms", "twin"):
+                pg15.execute(statement.format(table), dbname=db)
+        twins.append(Counter(pg15.query("SELECT a, b FROM twin", dbname=db)))
     messages = pg15.peek_pgoutput(slot, publications=["pub"], proto_version=1, dbname=db)
     pg15.drop_slot(slot, dbname=db)
-    _land(messages, tmp_path, tmp_path / "landing", 0)
+    cut = [i for i, m in enumerate(messages) if m.data[:1] == b"B"][len(runs[0])]
     target = str(tmp_path / "target")
-    result = run_apply(spark, read_capture(spark, str(tmp_path / "landing")), target)
-    (table,) = result.tables
-    # Skipped: the 12 updates of 'before' rows (a < 3 of 20), the 4 deletes of those with a = 2.
-    assert (table.tasks, table.skipped) == (1, 16)
-    mirror = spark.read.format("delta").load(mirror_path(target, "public", "ms")).collect()
-    assert Counter(tuple(r) for r in mirror) == Counter(pg15.query("SELECT a, b FROM twin", dbname=db))
+    # Skipped: the 12 updates of 'before' rows (a < 3 of 20); then their 12 updates again, and
+    # the 4 deletes of those with a = 2.
+    for k, (part, twin, skipped) in enumerate(zip((messages[:cut], messages[cut:]), twins, (12, 16))):
+        _land(part, tmp_path, tmp_path / "landing", k)
+        result = run_apply(spark, read_capture(spark, str(tmp_path / "landing")), target)
+        (table,) = result.tables
+        assert (table.tasks, table.skipped) == (1, skipped)
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", "ms")).collect()
+        assert Counter(tuple(r) for r in mirror) == twin
 
 
 @pytest.mark.parametrize("resent, runs", [("streamed", 1), ("streamed", 2), ("whole", 2)])

@@ -701,14 +701,14 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
     tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
+    # A multiset without a history: its net change in halves (`halved_tasks`), where `net_tasks`
+    # keeps one with many updates in one task; its rows converted in the same tasks where none
+    # are looked up.
+    halved = 1 if past is not None else halved_tasks(n_changes, spec, arrow_schema, net_task_rows)
+    tasks = max(tasks, halved)
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise
     # nothing to look up, no history, one task: convert and net in it (`converted_net_frame`).
     local = past is None and tasks == 1 and n_changes <= LOCAL_NET_ROWS
-    # A multiset without a history: its net change in halves over the cores (`halved_tasks`),
-    # its rows converted in the same tasks where none are looked up.
-    halved = 1 if past is not None or local else halved_tasks(
-        n_changes, spec, arrow_schema, session.sparkContext.defaultParallelism, net_task_rows)
-    tasks = max(tasks, halved)
     fused = not looks_up and past is None and (tasks == 1 or halved > 1)
     typed = None if fused or local else typed_change_frame(  # read more than once
         committed, oid, history, columns=plan.columns, rows=n_changes, tuples=tuples).persist()

@@ -160,23 +160,24 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
         run, from_arrow_schema(out_schema(arrow_schema), prefer_timestamp_ntz=True))
 
 
-#: A multiset's change rows per task of `halved_net_frame`, at least: a table with fewer than
-#: twice as many is netted in one task (`halved_tasks`).
-HALVED_TASK_ROWS = 100_000
-
 #: Bytes of one Arrow IPC value passed from a converting task to a netting task (`halved_net_frame`),
 #: about: a Spark binary value holds under 2 GB.
 BLOB_BYTES = 32 << 20
 
 
-def halved_tasks(rows: int, spec: TableSpec, arrow_schema: pa.Schema, cores: int, net_task_rows: int) -> int:
-    """Tasks of `halved_net_frame` for a multiset's ``rows`` change rows: one per
-    `HALVED_TASK_ROWS` up to ``cores``, and at least one per ``net_task_rows`` (what a task
-    holds at most); 1 (no halves) for a keyed table, without numba, or where no identity column
-    can be hashed alike in every task (`net.key_hashes`: fixed-width and byte-string columns)."""
+def halved_tasks(rows: int, spec: TableSpec, arrow_schema: pa.Schema, net_task_rows: int) -> int:
+    """Tasks of a multiset's net change in halves (`halved_net_frame`, `by_key` with ``halves``)
+    for its ``rows`` change rows: ``ceil(rows / net_task_rows)``, as for a keyed table, where
+    `net_tasks` keeps a multiset with many updates in one task. 1 (no halves) for a keyed
+    table, without numba, or where no identity column can be hashed alike in every task
+    (`net.key_hashes`: fixed-width and byte-string columns).
+
+    Not more tasks where cores are idle: on 2 cores, `bench_wide`'s 518,400 rows in two
+    tasks took as long as in one, the tables' other tasks using the cores meanwhile, and the
+    halves costing CPU of their own (`benchmarks/README.md`, 2026-12-03)."""
     if spec.mode != "multiset" or not can_hash_keys(spec, arrow_schema):
         return 1
-    return max(1, min(cores, rows // HALVED_TASK_ROWS), -(-rows // net_task_rows))
+    return max(1, -(-rows // net_task_rows))
 
 
 def spark_partition_values(tasks: int) -> list[int]:

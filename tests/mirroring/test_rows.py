@@ -81,16 +81,14 @@ def test_a_multisets_rows_look_up_their_old_rows_nulls_and_all():
 
 
 @pytest.mark.skipif(kernel.numba is None, reason="numba is not installed: rows are not hashed, no halves")
-def test_a_large_multiset_is_netted_in_halves_over_the_cores_and_a_keyed_table_never():
+def test_a_multiset_with_many_updates_is_netted_in_halves_a_task_per_net_task_rows():
     from pgoutput_spark.assemble.typed import change_schema
-    from pgoutput_spark.mirroring.rows import HALVED_TASK_ROWS, halved_tasks
+    from pgoutput_spark.mirroring.rows import halved_tasks, net_tasks
 
     schema = change_schema([("a", pa.int32()), ("m", pa.map_(pa.string(), pa.string()))])
     multiset = TableSpec("multiset", ("a", "m"), ("a", "m"))
-    per = HALVED_TASK_ROWS
-    assert [halved_tasks(rows, multiset, schema, 4, 10 * per) for rows in (per, 2 * per, 3 * per, 9 * per)] == \
-        [1, 2, 3, 4]
-    assert halved_tasks(9 * per, multiset, schema, 2, 2 * per) == 5  # at most net_task_rows a task
-    assert halved_tasks(9 * per, TableSpec("keyed", ("a",), ("a", "m")), schema, 4, 10 * per) == 1
+    assert [halved_tasks(rows, multiset, schema, 1000) for rows in (0, 1000, 1001, 5500)] == [1, 1, 2, 6]
+    assert net_tasks(5500, 5000, multiset, 1000) == 1  # joined buckets: one task
+    assert halved_tasks(5500, TableSpec("keyed", ("a",), ("a", "m")), schema, 1000) == 1
     # Nothing to hash alike in every task (a map's codes are numbered in each): one task.
-    assert halved_tasks(9 * per, TableSpec("multiset", ("m",), ("m",)), schema, 4, 10 * per) == 1
+    assert halved_tasks(5500, TableSpec("multiset", ("m",), ("m",)), schema, 1000) == 1

@@ -30,14 +30,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgoutput_spark import decode, decode_message, read_capture
-from pgoutput_spark import apply as apply_module
 from pgoutput_spark import ledger as ledger_module
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.capture import CaptureColumns
 from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring import delta
-from pgoutput_spark.mirroring import rows as rows_module
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
@@ -476,10 +474,11 @@ def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, mo
 
 
 def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple[str, ...],
-                publish: str = "ALL TABLES",
-                runs_before: tuple[int, ...] = ()) -> tuple[Mirrors, list[ApplyResult]]:
+                publish: str = "ALL TABLES", runs_before: tuple[int, ...] = (),
+                **options: Any) -> tuple[Mirrors, list[ApplyResult]]:
     """A one-table workload in a database of its own, protocol 1, compared with PostgreSQL: one
-    run, or a run before each step (a transaction) numbered in ``runs_before`` too."""
+    run, or a run before each step (a transaction) numbered in ``runs_before`` too; ``options``
+    go to `run_apply`."""
     db = new_database(pg, "apply_case")
     pg.execute(f"{create}; CREATE PUBLICATION pub_main FOR {publish}", dbname=db)
     slot = f"{db}_p1"
@@ -494,7 +493,8 @@ def _small_case(spark, pg: PgCluster, tmp_path: Path, create: str, *steps: tuple
     pg.drop_slot(slot, dbname=db)
     begins = [i for i, m in enumerate(messages) if m.data[:1] == b"B"]
     cuts = [begins[k] for k in runs_before]
-    return _apply_and_compare(spark, messages, d.workload, tmp_path, cuts, run_after=set(range(len(cuts))))
+    return _apply_and_compare(spark, messages, d.workload, tmp_path, cuts, run_after=set(range(len(cuts))),
+                              **options)
 
 
 def test_a_landing_written_from_sql_with_text_lsns_and_xids(spark, pg15, tmp_path):
@@ -686,19 +686,14 @@ def test_column_names_differing_only_in_case(spark, pg15, tmp_path):
     assert mirrors.schema("public", "cased").fieldNames() == ["id", "Name"]
 
 
-def _halved(monkeypatch) -> None:
-    """Every multiset's net change in halves (`rows.halved_net_frame`), however few its rows."""
-    monkeypatch.setattr(apply_module, "LOCAL_NET_ROWS", 0)
-    monkeypatch.setattr(rows_module, "HALVED_TASK_ROWS", 1)
-
-
-def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path, monkeypatch):
-    """A FULL-identity table without a key, its net change in two tasks, the rows of each update
-    in the task of its old row and, where its new row's bucket is the other, in both: identical
-    rows, updates with a TOASTed column unchanged (sent as 'u', its value in the old row), rows
-    updated twice, deletes, a truncate and rows after it. Three runs: the first into a new
-    mirror (rows converted in the netting tasks' stage), the others looking rows up in it."""
-    _halved(monkeypatch)
+def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path):
+    """A FULL-identity table without a key, its net change in tasks of 40 change rows
+    (`apply.net_task_rows`; one task before halves, its updates joining every bucket), the
+    rows of each update in the task of its old row and, where its new row's bucket is another,
+    in both: identical rows, updates with a TOASTed column unchanged (sent as 'u', its value in
+    the old row), rows updated twice, deletes, a truncate and rows after it. Three runs: the
+    first into a new mirror (rows converted in the netting tasks' stage), the others looking
+    rows up in it."""
     big = "repeat(md5(g::text), 100)"  # 3,200 bytes, stored EXTERNAL: TOASTed, not compressed
     _, results = _small_case(
         spark, pg15, tmp_path, "CREATE TABLE ms (a int, b text, big text); ALTER TABLE ms REPLICA IDENTITY FULL;"
@@ -710,18 +705,16 @@ def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path, mon
         ("TRUNCATE ms",),
         (f"INSERT INTO ms SELECT g % 5, 'd', {big} FROM generate_series(1, 30) g",),
         ("UPDATE ms SET b = 'e' || a WHERE a % 2 = 0", "UPDATE ms SET a = -a WHERE b LIKE 'e%'"),
-        ("DELETE FROM ms WHERE a = 3",), runs_before=(1, 4))
-    assert [[(t.table, t.tasks, t.skipped) for t in r.tables] for r in results] == [[("public.ms", 2, 0)]] * 3
+        ("DELETE FROM ms WHERE a = 3",), runs_before=(1, 4), net_task_rows=40)
+    assert [[(t.table, t.tasks > 1, t.skipped) for t in r.tables] for r in results] == [[("public.ms", True, 0)]] * 3
 
 
-def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_task(spark, pg15, tmp_path,
-                                                                                    monkeypatch):
+def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_task(spark, pg15, tmp_path):
     """Netted in halves, an update of a row the mirror does not have cannot be told apart from
     one whose row another task's bucket would have had: that table is netted again in one task,
     and the subscriber's result comes out. The oracle is a twin table, not published, that took
     the same statements from empty, as a subscriber's table from an empty start does. Two runs:
-    into a new mirror, then looking rows up in it."""
-    _halved(monkeypatch)
+    into a new mirror, then looking rows up in it. Tasks of 20 change rows (`apply.net_task_rows`)."""
     db = new_database(pg15, "halves_missing")
     pg15.execute("CREATE TABLE ms (a int, b text); ALTER TABLE ms REPLICA IDENTITY FULL;"
                  " CREATE TABLE twin (a int, b text);"
@@ -748,7 +741,7 @@ def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_
     # the 4 deletes of those with a = 2.
     for k, (part, twin, skipped) in enumerate(zip((messages[:cut], messages[cut:]), twins, (12, 16))):
         _land(part, tmp_path, tmp_path / "landing", k)
-        result = run_apply(spark, read_capture(spark, str(tmp_path / "landing")), target)
+        result = run_apply(spark, read_capture(spark, str(tmp_path / "landing")), target, net_task_rows=20)
         (table,) = result.tables
         assert (table.tasks, table.skipped) == (1, skipped)
         mirror = spark.read.format("delta").load(mirror_path(target, "public", "ms")).collect()

@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.machine import Machine, finish, format_load, load_average  # noqa: E402
-from benchmarks.small_runs import CAPTURE, _spread, _Steps, _step_means  # noqa: E402
+from benchmarks.small_runs import CAPTURE, _spread, _step_means, _Steps  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

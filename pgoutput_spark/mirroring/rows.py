@@ -226,7 +226,8 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
     each; then ``tasks`` tasks net a bucket each (`net_changes` with halves).
 
     The typed rows never become Spark rows: the shuffle moves a few binary values, and both the
-    conversion and the net change use every core, where one task did both for the whole table.
+    conversion and the net change are spread over tasks, where one task did both for the whole
+    table and had to hold all of its rows.
     A bucket whose update finds no row cannot know whether another bucket applied its new row
     (see `net_changes`): it says ``conflict``, and the caller nets the table in one task.
     """

@@ -701,9 +701,9 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
     tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
-    # A multiset without a history: its net change in halves (`halved_tasks`), where `net_tasks`
-    # keeps one with many updates in one task; its rows converted in the same tasks where none
-    # are looked up.
+    # A multiset (which has no history: `history` needs a key): its net change in halves
+    # (`halved_tasks`), where `net_tasks` keeps one with many updates in one task; its rows
+    # converted in the same tasks where none are looked up.
     halved = 1 if past is not None else halved_tasks(n_changes, spec, arrow_schema, net_task_rows)
     tasks = max(tasks, halved)
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise

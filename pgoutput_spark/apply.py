@@ -158,7 +158,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
 
     ``net_task_rows``: a table with more change rows in the run than this has its
     net change (and history) spread over ``ceil(rows / net_task_rows)`` tasks by
-    key (where updates move rows between keys, some tasks may get fewer rows and
+    key (updates that move a row between keys in halves, see `net.net_changes`;
+    with a history, in joined buckets, so that some tasks may get fewer rows and
     others more); below it, one task nets the table's rows, or the driver itself
     for a table with at most `LOCAL_NET_ROWS` change rows and no history.
 
@@ -701,9 +702,9 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
     tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
-    # A multiset (which has no history: `history` needs a key): its net change in halves
-    # (`halved_tasks`), where `net_tasks` keeps one with many updates in one task; its rows
-    # converted in the same tasks where none are looked up.
+    # Without a history: the net change in halves (`halved_tasks`), where `net_tasks` joins the
+    # buckets an update moves a row between; the rows converted in the same tasks where none
+    # are looked up.
     halved = 1 if past is not None else halved_tasks(n_changes, spec, arrow_schema, net_task_rows)
     tasks = max(tasks, halved)
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise

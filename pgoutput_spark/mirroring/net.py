@@ -482,14 +482,28 @@ def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = 
     its own rows, so that is true when no old half here is skipped (by induction over the commit
     order: every change before one finds what it would find in one task). A skipped old half is
     the one case where a new half elsewhere was wrongly applied: it comes out as a ``conflict``
-    row (`CONFLICT_REASON`), and the caller nets the table again in one task.
+    row (`CONFLICT_REASON`), and the caller nets the table again in one task. A keyed table's
+    new half with unchanged-TOAST columns (whose values are in the old row's task) is one too.
     """
     p = prepare(rows, spec)
     if spec.mode == "keyed":
-        if halves is not None and halves.any():
-            raise ValueError("a keyed table's updates cannot be netted in halves")
-        return _keyed(p, spec)
+        return _keyed(p, spec, halves)
     return _multiset(p, halves)
+
+
+def _walk_ops(op: np.ndarray, halves: np.ndarray | None) -> np.ndarray:
+    """The operations the walk applies: an old half deletes, a new half inserts."""
+    if halves is None or not halves.any():
+        return op
+    op = op.copy()
+    op[halves == OLD_HALF] = DELETE
+    op[halves == NEW_HALF] = INSERT
+    return op
+
+
+def _conflict_frame(schema: pa.Schema, p: Prepared, conflicts: np.ndarray) -> pa.Table:
+    cols = {name: pa.nulls(conflicts.size, p.data[name].type) for name in p.names}
+    return _frame(schema, "conflict", p, conflicts, [CONFLICT_REASON] * conflicts.size, cols)
 
 
 #: Leading bytes of a byte string that `key_hashes` reads (equal strings have equal ones): a
@@ -542,24 +556,24 @@ def can_hash_keys(spec: TableSpec, schema: pa.Schema) -> bool:
 
 
 def in_halves(rows: pa.Table, spec: TableSpec, buckets: int) -> list[tuple[pa.Table, np.ndarray]] | None:
-    """A multiset's change rows spread over ``buckets`` for `net_changes` with ``halves``: per
-    bucket, its rows and their halves. A row goes to the bucket of the row it looks up (its old
-    row where it carries one, else its own: `rows.by_key`'s rule); an update whose new row
-    (unchanged TOAST filled in from the old row) hashes to another bucket also goes there, as
-    its `NEW_HALF`, and is an `OLD_HALF` in its own; every truncate goes to every bucket.
+    """A table's change rows spread over ``buckets`` for `net_changes` with ``halves``: per
+    bucket, its rows and their halves. A row goes to the bucket of the key it looks up (its old
+    key or row where it carries one, else its own: `rows.by_key`'s rule); an update whose new
+    key (a multiset's whole row, unchanged TOAST filled in from the old row) hashes to another
+    bucket also goes there, as its `NEW_HALF`, and is an `OLD_HALF` in its own; every truncate
+    goes to every bucket.
 
     Buckets come from `key_hashes`, equal in every task for equal rows. None where there is
     nothing to hash them by (see `key_hashes`): the caller keeps the rows in one task.
     """
-    if spec.mode != "multiset":
-        raise ValueError("only a multiset's updates can be netted in halves")
     n = rows.num_rows
     names = list(spec.columns)
     data = {name: rows.column(name) for name in names}
     old = rows.column("_old")
-    unchanged_rows, unchanged_columns = _unchanged_pairs(_one_array(rows.column("_unchanged_toast")), names) \
-        if n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    key_arrays, sources = _keys(spec, data, old, _filled(spec, names, unchanged_rows, unchanged_columns, n), n)
+    filled = {}
+    if spec.mode == "multiset" and n:
+        filled = _filled(spec, names, *_unchanged_pairs(_one_array(rows.column("_unchanged_toast")), names), n)
+    key_arrays, sources = _keys(spec, data, old, filled, n)
     hashes = key_hashes(key_arrays, sources)
     if hashes is None:
         return None
@@ -589,7 +603,7 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
     return reason
 
 
-def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
+def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None) -> pa.Table:
     n = p.rows.num_rows
     slot = np.full(n, -1, dtype=np.int64)
     toasted_rows = np.unique(p.unchanged_rows)  # the rows with unchanged-TOAST columns, ascending
@@ -600,8 +614,13 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
     pair_columns = p.unchanged_columns.astype(np.int64)
     sources = p.unchanged_rows.astype(np.int64)  # per pair: its own row, until the walk says otherwise
     state, last, listed, skipped, truncated_at = keyed_walk(
-        p.commit_order, p.op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot, toast_starts,
-        pair_columns, sources)
+        p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot,
+        toast_starts, pair_columns, sources)
+    conflicts = skipped[:0]
+    if halves is not None and halves.any():
+        split = halves[skipped] == OLD_HALF
+        conflicts = np.union1d(skipped[split], toasted_rows[halves[toasted_rows] == NEW_HALF])
+        skipped = skipped[~split]
     truncated_at = int(truncated_at)
 
     now = state[listed]
@@ -632,6 +651,8 @@ def _keyed(p: Prepared, spec: TableSpec) -> pa.Table:
         for k, arr in zip(spec.key, p.key_arrays):
             cols[k] = arr.take(positions).combine_chunks()
         parts.append(_frame(schema, "delete", p, last[deletes], None, cols))
+    if conflicts.size:
+        parts.append(_conflict_frame(schema, p, conflicts))
     return _ending(parts, schema, p, skipped, slot[skipped] >= 0, truncated_at)
 
 
@@ -662,13 +683,8 @@ def _skipped_frame(schema: pa.Schema, p: Prepared, rows: np.ndarray, toast: np.n
 
 def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
     n = p.rows.num_rows
-    op = p.op
-    if halves is not None and halves.any():
-        op = op.copy()
-        op[halves == OLD_HALF] = DELETE
-        op[halves == NEW_HALF] = INSERT
     pre, count, rep, last, listed, skipped, truncated_at = multiset_walk(
-        p.commit_order, op, p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
+        p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
     truncated_at = int(truncated_at)
     conflicts = skipped[:0]
     if halves is not None and skipped.size:
@@ -697,8 +713,7 @@ def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
                             inserted=grows[of].astype(np.int64),
                             deleted=np.where(delete_all, (before - final)[of], 0).astype(np.int64)))
     if conflicts.size:
-        cols = {name: pa.nulls(conflicts.size, p.data[name].type) for name in p.names}
-        parts.append(_frame(schema, "conflict", p, conflicts, [CONFLICT_REASON] * conflicts.size, cols))
+        parts.append(_conflict_frame(schema, p, conflicts))
     return _ending(parts, schema, p, skipped, None, truncated_at)
 
 

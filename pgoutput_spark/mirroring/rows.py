@@ -96,9 +96,9 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
               arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None,
               halves: bool = False) -> DataFrame:
     """The run's net rows for one table (schema `net.out_schema`), computed in one task, or
-    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`, or a
-    multiset's in ``halves``: see `net.net_changes`, whose ``conflict`` rows then ask the caller
-    for one task).
+    spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`, or in
+    ``halves``: see `net.net_changes`, whose ``conflict`` rows then ask the caller for one
+    task).
 
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
@@ -166,16 +166,16 @@ BLOB_BYTES = 32 << 20
 
 
 def halved_tasks(rows: int, spec: TableSpec, arrow_schema: pa.Schema, net_task_rows: int) -> int:
-    """Tasks of a multiset's net change in halves (`halved_net_frame`, `by_key` with ``halves``)
-    for its ``rows`` change rows: ``ceil(rows / net_task_rows)``, as for a keyed table, where
-    `net_tasks` keeps a multiset with many updates in one task. 1 (no halves) for a keyed
-    table, without numba, or where no identity column can be hashed alike in every task
-    (`net.key_hashes`: fixed-width and byte-string columns).
+    """Tasks of a table's net change in halves (`halved_net_frame`, `by_key` with ``halves``) for
+    its ``rows`` change rows: ``ceil(rows / net_task_rows)``, whatever its updates' moves between
+    buckets (which `net_tasks` joins into one task). 1 (no halves: `net_tasks` decides) without
+    numba, or where no key column can be hashed alike in every task (`net.key_hashes`:
+    fixed-width and byte-string columns).
 
     Not more tasks where cores are idle: on 2 cores, `bench_wide`'s 518,400 rows in two
     tasks took as long as in one, the tables' other tasks using the cores meanwhile, and the
     halves costing CPU of their own (`benchmarks/README.md`, 2026-12-03)."""
-    if spec.mode != "multiset" or not can_hash_keys(spec, arrow_schema):
+    if not can_hash_keys(spec, arrow_schema):
         return 1
     return max(1, -(-rows // net_task_rows))
 
@@ -219,7 +219,7 @@ def _blob(batch: pa.RecordBatch) -> pa.Array:
 
 def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
                      spec: TableSpec, arrow_schema: pa.Schema, tasks: int) -> DataFrame:
-    """`converted_net_frame` of a multiset over ``tasks`` tasks (`halved_tasks`): a task per
+    """`converted_net_frame` over ``tasks`` tasks (`halved_tasks`): a task per
     partition of ``changes`` (cached rows: no shuffle before it) converts its raw change rows and
     sends each row to the task of its bucket (`net.in_halves`: an update whose new row is in
     another bucket goes to both as halves), as Arrow IPC values (LZ4) of about `BLOB_BYTES`
@@ -238,7 +238,7 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
         table = pa.Table.from_batches(converted(batches, convert), schema=arrow_schema)
         parts = in_halves(table, spec, tasks)
         if parts is None:  # the driver found the key hashable (`halved_tasks`): this worker must too
-            raise RuntimeError("a multiset's rows cannot be hashed in this Python worker (is numba installed?)")
+            raise RuntimeError("a table's keys cannot be hashed in this Python worker (is numba installed?)")
         for (part, halves), value in zip(parts, partition):
             part = part.append_column(_HALF, pa.array(halves, pa.int8())).combine_chunks()
             rows = max(1, int(BLOB_BYTES * part.num_rows / max(part.nbytes, 1)))
@@ -413,10 +413,10 @@ def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, 
 
     A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
     joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
-    after its key changed meet in one task (`net.joined_buckets`). A multiset's rows in
-    ``halves`` join no buckets: an update whose new row is in another bucket goes to both, as
-    its old half in its own and its new half in the other (column `_HALF`, `net.in_halves`'
-    rule, by Spark's hash).
+    after its key changed meet in one task (`net.joined_buckets`). Rows in ``halves`` join
+    no buckets: an update whose new key is in another bucket goes to both, as its old half in
+    its own and its new half in the other (column `_HALF`, `net.in_halves`' rule, by Spark's
+    hash).
     """
     buckets = _buckets(tasks)
     every = F.sequence(F.lit(0), F.lit(buckets - 1))

@@ -81,7 +81,7 @@ def test_a_multisets_rows_look_up_their_old_rows_nulls_and_all():
 
 
 @pytest.mark.skipif(kernel.numba is None, reason="numba is not installed: rows are not hashed, no halves")
-def test_a_multiset_with_many_updates_is_netted_in_halves_a_task_per_net_task_rows():
+def test_a_table_is_netted_in_halves_a_task_per_net_task_rows_whatever_its_updates_move():
     from pgoutput_spark.assemble.typed import change_schema
     from pgoutput_spark.mirroring.rows import halved_tasks, net_tasks
 
@@ -89,6 +89,7 @@ def test_a_multiset_with_many_updates_is_netted_in_halves_a_task_per_net_task_ro
     multiset = TableSpec("multiset", ("a", "m"), ("a", "m"))
     assert [halved_tasks(rows, multiset, schema, 1000) for rows in (0, 1000, 1001, 5500)] == [1, 1, 2, 6]
     assert net_tasks(5500, 5000, multiset, 1000) == 1  # joined buckets: one task
-    assert halved_tasks(5500, TableSpec("keyed", ("a",), ("a", "m")), schema, 1000) == 1
-    # Nothing to hash alike in every task (a map's codes are numbered in each): one task.
+    assert halved_tasks(5500, TableSpec("keyed", ("a",), ("a", "m")), schema, 1000) == 6
+    # Nothing to hash alike in every task (a map's codes are numbered in each): `net_tasks` decides.
     assert halved_tasks(5500, TableSpec("multiset", ("m",), ("m",)), schema, 1000) == 1
+    assert halved_tasks(5500, TableSpec("keyed", ("m",), ("a", "m")), schema, 1000) == 1

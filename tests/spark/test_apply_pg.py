@@ -692,8 +692,8 @@ def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path):
     rows of each update in the task of its old row and, where its new row's bucket is another,
     in both: identical rows, updates with a TOASTed column unchanged (sent as 'u', its value in
     the old row), rows updated twice, deletes, a truncate and rows after it. Three runs: the
-    first into a new mirror (rows converted in the netting tasks' stage), the others looking
-    rows up in it."""
+    first into a new mirror (the rows converted where they are cached and passed on as Arrow
+    IPC values), the others looking rows up in it."""
     big = "repeat(md5(g::text), 100)"  # 3,200 bytes, stored EXTERNAL: TOASTed, not compressed
     _, results = _small_case(
         spark, pg15, tmp_path, "CREATE TABLE ms (a int, b text, big text); ALTER TABLE ms REPLICA IDENTITY FULL;"

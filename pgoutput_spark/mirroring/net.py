@@ -475,11 +475,11 @@ CONFLICT_REASON = ("the row an update looks up is not there, and its new row wen
 def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None) -> pa.Table:
     """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted.
 
-    ``halves`` (a multiset's rows spread over tasks by the row each change looks up, one int8
-    per row: `WHOLE`, `OLD_HALF`, `NEW_HALF`): an update whose old and new rows go to different
+    ``halves`` (rows spread over tasks by the key each change looks up, `in_halves`; one int8
+    per row: `WHOLE`, `OLD_HALF`, `NEW_HALF`): an update whose old and new keys go to different
     tasks comes to each as a half, the old one taking a row away, the new one adding its row.
-    Each task nets its halves as if every update elsewhere found its row; it holds the counts of
-    its own rows, so that is true when no old half here is skipped (by induction over the commit
+    Each task nets its halves as if every update elsewhere found its row; it holds the state of
+    its own keys (a multiset's: its rows' counts), so that is true when no old half is skipped (by induction over the commit
     order: every change before one finds what it would find in one task). A skipped old half is
     the one case where a new half elsewhere was wrongly applied: it comes out as a ``conflict``
     row (`CONFLICT_REASON`), and the caller nets the table again in one task. A keyed table's

@@ -479,8 +479,9 @@ def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = 
     per row: `WHOLE`, `OLD_HALF`, `NEW_HALF`): an update whose old and new keys go to different
     tasks comes to each as a half, the old one taking a row away, the new one adding its row.
     Each task nets its halves as if every update elsewhere found its row; it holds the state of
-    its own keys (a multiset's: its rows' counts), so that is true when no old half is skipped (by induction over the commit
-    order: every change before one finds what it would find in one task). A skipped old half is
+    its own keys (a multiset's: its rows' counts), so that is true when no old half is skipped
+    (by induction over the commit order: every change before one finds what it would find in
+    one task). A skipped old half is
     the one case where a new half elsewhere was wrongly applied: it comes out as a ``conflict``
     row (`CONFLICT_REASON`), and the caller nets the table again in one task. A keyed table's
     new half with unchanged-TOAST columns (whose values are in the old row's task) is one too.

@@ -502,6 +502,14 @@ def _walk_ops(op: np.ndarray, halves: np.ndarray | None) -> np.ndarray:
     return op
 
 
+def _conflicts(skipped: np.ndarray, halves: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The walk's ``skipped`` changes as (conflicts: the skipped old halves, the others)."""
+    if halves is None or not skipped.size:
+        return skipped[:0], skipped
+    split = halves[skipped] == OLD_HALF
+    return skipped[split], skipped[~split]
+
+
 def _conflict_frame(schema: pa.Schema, p: Prepared, conflicts: np.ndarray) -> pa.Table:
     cols = {name: pa.nulls(conflicts.size, p.data[name].type) for name in p.names}
     return _frame(schema, "conflict", p, conflicts, [CONFLICT_REASON] * conflicts.size, cols)
@@ -617,11 +625,9 @@ def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None) -> pa
     state, last, listed, skipped, truncated_at = keyed_walk(
         p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot,
         toast_starts, pair_columns, sources)
-    conflicts = skipped[:0]
-    if halves is not None and halves.any():
-        split = halves[skipped] == OLD_HALF
-        conflicts = np.union1d(skipped[split], toasted_rows[halves[toasted_rows] == NEW_HALF])
-        skipped = skipped[~split]
+    conflicts, skipped = _conflicts(skipped, halves)
+    if halves is not None:  # a new half's unchanged TOAST values are in its old half's task
+        conflicts = np.union1d(conflicts, toasted_rows[halves[toasted_rows] == NEW_HALF])
     truncated_at = int(truncated_at)
 
     now = state[listed]
@@ -687,10 +693,7 @@ def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
     pre, count, rep, last, listed, skipped, truncated_at = multiset_walk(
         p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
     truncated_at = int(truncated_at)
-    conflicts = skipped[:0]
-    if halves is not None and skipped.size:
-        split = halves[skipped] == OLD_HALF
-        conflicts, skipped = skipped[split], skipped[~split]
+    conflicts, skipped = _conflicts(skipped, halves)
 
     # Per code now holding a count: rows to insert (more than before), or all of the
     # mirror's copies deleted and the ones left inserted again (fewer than before).

@@ -90,8 +90,9 @@ from .mirroring.rows import (
     pre_image,
 )
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
-from .results import ApplyResult, TableResult
-from .spark.assemble import Assembled, ScanState, assemble, save_open_rows
+from .results import ApplyResult, TableResult, forgotten_note
+from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
+                             to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import (
@@ -134,7 +135,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               net_task_rows: int = NET_TASK_ROWS,
               progress: Callable[[str], None] | None = None,
               rebuild: tuple[str, ...] | list[str] = (),
-              accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None) -> ApplyResult:
+              accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None,
+              forget_xids: tuple[int, ...] | list[int] = ()) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
@@ -187,6 +189,21 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     `read_capture`'s frame of a landing ``pgoutput-spark capture`` wrote, whose seqs follow
     one another from 0 (a missing one is a file deleted or expired before a run applied
     it), ``"allow"`` for any other frame.
+
+    ``forget_xids``: streamed transactions open at the target's position (`status` lists
+    them) that PostgreSQL will never end, forgotten by this run before it applies anything:
+    their saved rows are deleted unapplied, as a Stream Abort would discard them, and the
+    run's result and ``_runs`` row record them (`ForgottenStream`). A walsender session that
+    ends inside a streamed transaction leaves it so when the transaction aborts before the
+    next session could send it again: the apply worker forgets it with its session; the
+    capture has no session boundary. Check first that PostgreSQL reports the transaction
+    aborted (``SELECT pg_xact_status(...)``): one that goes on would fail a later run (its
+    next segment continues a transaction no longer open), and one that commits would be
+    lost. An xid that is not a streamed transaction open at the target's position (nor
+    prepared), or whose stream block the capture is still inside, fails the run with a
+    `ConfigError` before anything is written, except in a run that redoes an interrupted
+    one, which may have forgotten it already (the same command retried). With nothing new in
+    the capture the run only forgets.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -201,6 +218,10 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         landed = landed_files(capture, columns or CaptureColumns(), lo, lease.files, ledger.slices,
                               accept=accept_late_files)
     redone = lease.status == "running"
+    forgotten: tuple[ForgottenStream, ...] = ()
+    if forget_xids:
+        with _step("check the transactions to forget"):  # before the claim: an error leaves the target as it is
+            forgotten = to_forget(spark, ledger.pending_path, lo, lease.scan, tuple(forget_xids), redone=redone)
     counts = None  # (rows, messages) of the slice, where finding its end counted them
     note = None
     remaining = False  # max_messages ends this run before the capture (or its slice) ends
@@ -223,8 +244,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                     bounded = first + max_messages - 1
                     newer = newer.where(F.col("seq") <= bounded)
             hi, counts = slice_end(newer)
-        if hi is None and (rebuild or landed.unread) and lo is not None:
-            hi = lo  # nothing new: a run that only rebuilds, or records the files it accepted
+        if hi is None and (rebuild or landed.unread or forgotten) and lo is not None:
+            hi = lo  # nothing new: a run that only rebuilds, forgets, or records the files it accepted
         if hi is None:
             if end is not None and lo is not None and end <= lo:
                 return ApplyResult(lo, None, skipped=True, note=(
@@ -259,6 +280,13 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         say = progress or (lambda line: None)
         say(f"slice claimed: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
             + (" (redoing an interrupted run)" if redone else ""))
+        if forgotten:
+            assert lo is not None
+            with _step(f"forget {len(forgotten)} streamed transactions"):
+                forget_open_streams(spark, ledger.pending_path, lo, tuple(f.xid for f in forgotten))
+            for f in forgotten:
+                _log.warning("%s", forgotten_note(f))
+                say(forgotten_note(f))
         # Tuples deferred to the table tasks: the run caches and moves one value per change (its
         # bytes typed as a string, which Spark caches with one copy instead of three).
         decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,
@@ -269,7 +297,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
             with temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
                 result = _run(ledger, decoded, n_messages, lease, run_id, hi, skip_origins, parallelism, started,
                               redone, table_path, table_name, tables or TablesConfig(), say, history_path,
-                              _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed)
+                              _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed, forgotten)
             return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
@@ -302,7 +330,8 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
          skip_origins: tuple[str, ...], parallelism: int, started: float, redone: bool,
          table_path: str, table_name: str | None, tables: TablesConfig,
          say: Callable[[str], None], history_path: str, rebuild: _Rebuild,
-         net_task_rows: int = NET_TASK_ROWS, landed: Landed = Landed()) -> ApplyResult:
+         net_task_rows: int = NET_TASK_ROWS, landed: Landed = Landed(),
+         forgotten: tuple[ForgottenStream, ...] = ()) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -449,7 +478,7 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
                             if oid in snapshot_names and history.first_name(oid) not in snapshot_names[oid]}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=excluded, replaced=replaced,
-                         renamed=renamed)
+                         renamed=renamed, forgotten=forgotten)
     appended = tuple(path for path, written in ((ledger.relations_path, bool(new_versions)),
                                                 (ledger.quarantine_path, bool(n_bad)),
                                                 (ledger.skipped_path, any(t.skipped for t in results))) if written)
@@ -827,7 +856,8 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     lease_end = (end.last_begin_seq, end.last_stream_xid, applied, list(landed.gone_files))
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
-            tables, None, None, result.duration_s, list(landed.new_files), lease_end)]
+            tables, None, None, result.duration_s, list(landed.new_files), lease_end,
+            [(f.xid, f.first_seq, f.rows) for f in result.forgotten] or None)]
     frame = local_frame(spark, row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None

@@ -22,6 +22,7 @@ and read back by the next run only.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_end, slice_messages
 from .config import TablesConfig
-from .ledger import saved_history
+from .ledger import FORGOTTEN, saved_history
 from .mirroring.delta import (
     absolute_path,
     append_rows,
@@ -44,7 +45,9 @@ from .mirroring.delta import (
     txn_append,
     vacuum_tables,
 )
-from .spark.assemble import ScanState, assemble, save_open_rows, saved_open_rows
+from .results import forgotten_note
+from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
+                             saved_open_rows, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.session import (
@@ -56,8 +59,10 @@ from .spark.session import (
     without_codegen,
 )
 
+_log = logging.getLogger(__name__)
+
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
-               "messages long, changes long, at timestamp, new_files array<string>")
+               f"messages long, changes long, at timestamp, new_files array<string>, forgotten {FORGOTTEN}")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class ChangesResult:
     landed: Landed = field(default_factory=Landed)
     # Tables with changes in the slice that ``tables.include`` / ``exclude`` leave out (first names).
     excluded: tuple[str, ...] = ()
+    forgotten: tuple[ForgottenStream, ...] = ()  # streamed transactions forgotten (``forget_xids``)
 
     def render(self) -> str:
         if self.skipped:
@@ -92,6 +98,7 @@ class ChangesResult:
             lines.append(f"not written (tables.include / exclude): {', '.join(self.excluded)}")
         if self.landed.late_rows:
             lines.append(late_note(self.landed))
+        lines += [forgotten_note(f) for f in self.forgotten]
         if self.remaining:
             lines.append(f"more of the capture remains after seq {self.hi}: run again")
         return "\n".join(lines)
@@ -135,9 +142,11 @@ class _State:
                 .where(F.col("status") == "finished").select("lo", "hi", "messages").collect()]
 
     def record(self, status: str, lo: int, hi: int, scan: ScanState, messages: int = 0,
-               changes: int = 0, new_files: tuple[str, ...] | None = None) -> None:
+               changes: int = 0, new_files: tuple[str, ...] | None = None,
+               forgotten: tuple[ForgottenStream, ...] = ()) -> None:
         row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
-                None if new_files is None else list(new_files))]
+                None if new_files is None else list(new_files),
+                [(f.xid, f.first_seq, f.rows) for f in forgotten] or None)]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         append_rows(frame, self.runs)
         if compact_files(self.spark, self.runs):  # a file or two per run; compacted every 25 runs or so:
@@ -159,7 +168,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 max_messages: int | None = None,
                 progress: Callable[[str], None] | None = None,
                 accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None,
-                tables: TablesConfig | None = None) -> ChangesResult:
+                tables: TablesConfig | None = None, forget_xids: tuple[int, ...] | list[int] = ()) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
@@ -176,6 +185,10 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     ``tables`` (the configuration's ``tables``) chooses the tables written, ``include`` /
     ``exclude``, and their columns' types, ``types``, as for the mirrors (by the name a table had
     when the pipeline first saw it); ``keys`` and ``history`` are the mirrors' own.
+
+    ``forget_xids`` forgets streamed transactions open at the target's position that
+    PostgreSQL will never end, as `run_apply`'s does (their saved rows deleted unwritten,
+    recorded in the run's row of ``_pgoutput/runs`` and in ``forgotten``).
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -190,6 +203,10 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     landed = landed_files(capture, columns or CaptureColumns(), lo, files, state.slices, accept=accept_late_files,
                           remedy="start the change tables over in a new target, or run with "
                                  "--accept-late-files (accept_late_files=True) to go on without them")
+    forgotten: tuple[ForgottenStream, ...] = ()
+    if forget_xids:  # checked before anything is written
+        forgotten = to_forget(spark, state.pending_path, lo, scan_in, tuple(forget_xids), redone=started)
+    say = progress or (lambda line: None)
     remaining = False
     counts = None  # (rows, messages) of the slice, where finding its end counted them
     if started:  # an interrupted run: redo exactly its slice
@@ -203,8 +220,13 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 newer = newer.where(F.col("seq") <= first + max_messages - 1)
         hi, counts = slice_end(newer)
         if hi is None:
-            if landed.unread and lo is not None:  # recorded, so that the next run goes on
-                state.record("finished", lo, lo, scan_in, new_files=landed.new_files)
+            if forgotten:  # nothing new: a run that only forgets
+                assert lo is not None
+                _forget(state, lo, forgotten, say)
+            if (landed.unread or forgotten) and lo is not None:  # recorded, so that the next run goes on
+                state.record("finished", lo, lo, scan_in, new_files=landed.new_files, forgotten=forgotten)
+            if forgotten:
+                return ChangesResult(lo, lo, landed=landed, forgotten=forgotten)
             return ChangesResult(lo, None, skipped=True, landed=landed)
         if max_messages is not None:
             remaining = canonical.where(F.col("seq") > hi).limit(1).count() > 0
@@ -219,14 +241,16 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
             "--allow-seq-gaps (seq_gaps='allow') to go on without them"))
         if not started:
             state.record("started", lo if lo is not None else -1, hi, scan_in)
+        if forgotten:
+            assert lo is not None
+            _forget(state, lo, forgotten, say)
         decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
                          positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
-        say = progress or (lambda line: None)
         say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
             + (" (redoing an interrupted run)" if started else ""))
         try:
             result = _apply(spark, state, decoded, n_messages, scan_in, lo, hi, skip_origins, say, landed.new_files,
-                            tables or TablesConfig(), on_error)
+                            tables or TablesConfig(), on_error, forgotten)
             return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
@@ -235,7 +259,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
 
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: int, scan_in: ScanState,
            lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None],
-           new_files: tuple[str, ...], tables: TablesConfig, on_error: OnError) -> ChangesResult:
+           new_files: tuple[str, ...], tables: TablesConfig, on_error: OnError,
+           forgotten: tuple[ForgottenStream, ...] = ()) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     history.type_overrides = tables.types
@@ -293,5 +318,13 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
     if n_bad:  # kept with their raw bytes and reason
         txn_append(bad, state.quarantine_path, f"{state.pipeline}:quarantine", hi)
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
-                 sum(counts.values()), new_files)
-    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=excluded)
+                 sum(counts.values()), new_files, forgotten)
+    return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=excluded, forgotten=forgotten)
+
+
+def _forget(state: _State, lo: int, forgotten: tuple[ForgottenStream, ...], say: Callable[[str], None]) -> None:
+    """Delete the rows of the streamed transactions ``forgotten`` saved at the run's start."""
+    forget_open_streams(state.spark, state.pending_path, lo, tuple(f.xid for f in forgotten))
+    for f in forgotten:
+        _log.warning("%s", forgotten_note(f))
+        say(forgotten_note(f))

@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--accept-late-files", action="store_true",
                          help="go on past capture files that landed after runs wrote past their seqs "
                               "(the change tables go on without their messages)")
+    changes.add_argument("--forget-xid", action="append", type=int, default=[], metavar="XID",
+                         help="forget this streamed transaction, open at the target's position, which "
+                              "PostgreSQL reports aborted and will never end (as for apply; repeatable)")
     changes.add_argument("--allow-seq-gaps", action="store_true",
                          help="write a slice that misses seqs of a landing of `capture` (by default a "
                               "missing one fails the run: files deleted or expired)")
@@ -131,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
                             "tasks by key, N rows each (default: apply.net_task_rows)")
     apply.add_argument("--rebuild", action="append", default=[], metavar="SCHEMA.TABLE",
                        help="rebuild this mirror from the start of the capture (repeatable)")
+    apply.add_argument("--forget-xid", action="append", type=int, default=[], metavar="XID",
+                       help="forget this streamed transaction, open at the target's position (status lists "
+                            "it), which PostgreSQL reports aborted and will never end: its rows are deleted "
+                            "unapplied (repeatable)")
     apply.add_argument("--accept-late-files", action="store_true",
                        help="go on past capture files that landed after runs applied past their seqs "
                             "(after rebuilding or re-snapshotting the mirrors they miss)")
@@ -262,6 +269,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     spark, capture, columns = _capture(config)
     say = _progress(args)
     rebuild = [args.rebuild]  # rebuilt by the first run only
+    forget = [args.forget_xid]  # forgotten by the first run only
 
     def once() -> Any:
         return run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
@@ -275,6 +283,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                          slice_where=args.slice_where, max_messages=args.max_messages,
                          net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
                          rebuild=rebuild.pop() if rebuild else [],
+                         forget_xids=forget.pop() if forget else [],
                          accept_late_files=args.accept_late_files,
                          seq_gaps="allow" if args.allow_seq_gaps else None)
 
@@ -293,12 +302,14 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
 
     spark, capture, columns = _capture(config)
     say = _progress(args)
+    forget = [args.forget_xid]  # forgotten by the first run only
     return _until_caught_up(
         lambda: run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
                             on_error=config.decode.on_error,  # type: ignore[arg-type]
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
                             progress=say, accept_late_files=args.accept_late_files,
-                            seq_gaps="allow" if args.allow_seq_gaps else None, tables=config.tables),
+                            seq_gaps="allow" if args.allow_seq_gaps else None, tables=config.tables,
+                            forget_xids=forget.pop() if forget else []),
         args.until_caught_up, say)
 
 

@@ -34,10 +34,13 @@ TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inser
                 "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
 #: What a run's ``_runs`` row records for the lease it hands back (null in rows from before).
 LEASE_END = "struct<scan_begin:long, scan_xid:long, applied_lsn:long, gone_files:array<string>>"
+#: The streamed transactions a run forgot (``forget_xids``; null in rows from before).
+FORGOTTEN = "array<struct<xid:long, first_seq:long, rows:long>>"
 RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
                f"to_lsn long, messages long, transactions long, quarantined_messages long, "
                f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
-               f"finished_at timestamp, duration_s double, new_files array<string>, lease_end {LEASE_END}")
+               f"finished_at timestamp, duration_s double, new_files array<string>, lease_end {LEASE_END}, "
+               f"forgotten {FORGOTTEN}")
 
 
 #: Rows a relations table may hold beyond the versions its history keeps before a run rewrites it.

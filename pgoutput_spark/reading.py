@@ -56,6 +56,9 @@ class Status:
                 lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
                              + (f" skipped {t['skipped']}" if t["skipped"] else "")
                              + (" truncated" if t["truncated"] else ""))
+            for f in r.get("forgotten") or []:  # absent from rows of before
+                lines.append(f"      forgot streamed transaction {f['xid']} (open since seq {f['first_seq']}, "
+                             f"{f['rows']} rows)")
         if self.open_transactions:
             lines.append(f"open transactions carried to the next run: {len(self.open_transactions)}")
             for kind, xid, seq, lsn, rows in self.open_transactions:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .capture import Landed, late_note, repeated_note
 from .lsn import Lsn
+from .spark.assemble import ForgottenStream
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ApplyResult:
     repeated_rows: int = 0  # capture rows left out as repeats of a message (`one_row_per_message`)
     # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
     landed: Landed = field(default_factory=Landed)
+    forgotten: tuple[ForgottenStream, ...] = ()  # streamed transactions forgotten (``forget_xids``)
 
     def render(self) -> str:
         if self.skipped:
@@ -66,6 +68,8 @@ class ApplyResult:
             lines.insert(1, self.note)
         if self.landed.late_rows:
             lines.append(late_note(self.landed))
+        for f in self.forgotten:
+            lines.append(forgotten_note(f))
         if self.excluded:
             lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
         if self.tables:
@@ -89,6 +93,11 @@ class ApplyResult:
             lines.append(_renamed_hint(list(self.renamed)))
         lines.append(f"took {self.duration_s:.1f} s")
         return "\n".join(lines)
+
+
+def forgotten_note(f: ForgottenStream) -> str:
+    return (f"forgotten (forget_xids): streamed transaction {f.xid}, open since seq {f.first_seq}, "
+            f"{f.rows} rows left out unapplied")
 
 
 def _skipped_hint(tables: list[str]) -> str:

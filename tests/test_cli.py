@@ -266,7 +266,8 @@ def test_apply_in_bounded_runs_until_caught_up(capsys, tmp_path, spark):
 
 
 def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_only(monkeypatch):
-    """The CLI's loop over bounded runs (the runs themselves: the two tests above)."""
+    """The CLI's loop over bounded runs (the runs themselves: the two tests above). The first
+    run alone rebuilds and forgets (``--forget-xid``: `test_apply_pg.py`'s forgotten streams)."""
     import types
 
     from pgoutput_spark import apply, cli
@@ -274,7 +275,7 @@ def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_o
     calls = []
 
     def fake_run_apply(spark, capture, target, **options):
-        calls.append(options["rebuild"])
+        calls.append((options["rebuild"], options["forget_xids"]))
         n = len(calls)
         return types.SimpleNamespace(hi=n * 10, messages=10, remaining=n < 3, redone=False)
 
@@ -283,18 +284,18 @@ def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_o
     lines = []
     monkeypatch.setattr(cli, "_progress", lambda args: lines.append)
     args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10", "--until-caught-up",
-                                     "--rebuild", "shop.customers"])
+                                     "--rebuild", "shop.customers", "--forget-xid", "7", "--forget-xid", "9"])
     last = cli.run_apply_command(load_config(None), args)
-    assert calls == [["shop.customers"], [], []] and last.hi == 30
+    assert calls == [(["shop.customers"], [7, 9]), ([], []), ([], [])] and last.hi == 30
     assert lines == [f"run up to seq {hi} done (10 messages); running again" for hi in (10, 20)]
     calls.clear()
     args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10"])
-    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [[]]  # one run without it
+    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [([], [])]  # one run without it
 
 
 def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
     """The changes command's wiring of --max-messages / --until-caught-up (the bounded runs
-    themselves: tests/spark/test_changefeed.py)."""
+    themselves: tests/spark/test_changefeed.py), and of --forget-xid, for the first run only."""
     import types
 
     from pgoutput_spark import changefeed, cli
@@ -302,13 +303,14 @@ def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
     bounds = []
 
     def fake_run_changes(spark, capture, target, **options):
-        bounds.append(options["max_messages"])
+        bounds.append((options["max_messages"], options["forget_xids"]))
         return types.SimpleNamespace(hi=len(bounds), messages=5, remaining=len(bounds) < 2, redone=False)
 
     monkeypatch.setattr(changefeed, "run_changes", fake_run_changes)
     monkeypatch.setattr(cli, "_capture", lambda config: (None, None, None))
-    args = cli._parser().parse_args(["changes", "--target", "t", "--max-messages", "5", "--until-caught-up"])
-    assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [5, 5]
+    args = cli._parser().parse_args(["changes", "--target", "t", "--max-messages", "5", "--until-caught-up",
+                                     "--forget-xid", "12"])
+    assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [(5, [12]), (5, [])]
 
 
 def test_conf_sets_spark_settings_over_the_configuration():

@@ -20,6 +20,7 @@ Distributed in three steps, none of which brings changes to the driver:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
+from ..errors import ConfigError
 from .session import local_frame, release
 
 #: Messages that are row changes (or take effect with a transaction).
@@ -62,6 +64,8 @@ ROWS_PER_BUCKET = 100_000
 
 #: A seq after every message: where a transaction still open ends.
 _NO_END = (1 << 63) - 1
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -590,6 +594,64 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
         if rows is not None:
             release(rows)
     return n_open
+
+
+@dataclass(frozen=True)
+class ForgottenStream:
+    """A streamed transaction a run forgot (``forget_xids``): its rows, saved open since its
+    first segment, were deleted unapplied, as if PostgreSQL had sent its Stream Abort."""
+
+    xid: int
+    first_seq: int  # seq of its first segment's Stream Start
+    rows: int  # rows of it saved in ``_pgoutput/pending``, deleted
+
+
+def to_forget(spark: SparkSession, path: str, lo: int | None, scan: ScanState, xids: tuple[int, ...], *,
+              redone: bool) -> tuple[ForgottenStream, ...]:
+    """The streamed transactions ``xids`` open in the rows saved at ``path`` by the run that
+    ended at ``lo`` (a run's ``forget_xids``); `ConfigError`, naming those that are open, for
+    any other, and for one whose stream block the capture is still inside at ``lo`` (``scan``:
+    its next messages continue it). A run that redoes an interrupted one (``redone``) takes an
+    xid that is not open as forgotten by it (the same command retried), and logs so."""
+    streams = {} if lo is None else open_streams(spark, path, lo)
+    opened = ", ".join(f"{xid} (since seq {first}, {rows} rows)" for xid, (first, rows) in sorted(streams.items()))
+    at = "the start" if lo is None else f"seq {lo}"
+    for xid in xids:
+        if xid not in streams and redone:
+            _log.warning(
+                "forget_xids: %s is not open at seq %s: taken as forgotten by the interrupted run this run redoes",
+                xid, lo)
+        elif xid not in streams:
+            raise ConfigError(f"forget_xids: {xid} is not a streamed transaction open at the target's "
+                              f"position ({at}); open ones: {opened or 'none'}. Nothing was written")
+        elif xid == scan.last_stream_xid:
+            raise ConfigError(f"forget_xids: the capture is still inside a stream block of transaction {xid} "
+                              f"at the target's position ({at}): its next messages continue it. Nothing was written")
+    return tuple(ForgottenStream(xid, *streams[xid]) for xid in sorted(set(xids)) if xid in streams)
+
+
+def open_streams(spark: SparkSession, path: str, run_hi: int | None) -> dict[int, tuple[int, int]]:
+    """The streamed transactions still open in the rows saved at ``path`` by the run that ended
+    at ``run_hi``: xid -> (seq of its first segment's Stream Start, rows saved). One prepared by
+    a Stream Prepare is not open: its Commit or Rollback Prepared always comes."""
+    saved = saved_open_rows(spark, path, run_hi)
+    if saved is None:
+        return {}
+    streams = saved.where(F.col("top_xid").isNotNull() & F.col("block_seq").isNull()).groupBy("top_xid").agg(
+        F.min("seq").alias("first"), F.count(F.lit(1)).alias("rows"),
+        F.max((F.col("message_type") == "stream_prepare").cast("int")).alias("prepared"))
+    return {r["top_xid"]: (r["first"], r["rows"]) for r in streams.collect() if not r["prepared"]}
+
+
+def forget_open_streams(spark: SparkSession, path: str, run_hi: int, xids: tuple[int, ...]) -> None:
+    """Delete the rows of the streamed transactions ``xids`` from those saved at ``path`` by the
+    run that ended at ``run_hi`` (`open_streams`): the next run's assembly no longer holds them
+    open. Deleting them again deletes nothing."""
+    from ..mirroring.delta import path_table
+
+    if xids:
+        spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi = {int(run_hi)} AND block_seq IS NULL "
+                  f"AND top_xid IN ({', '.join(str(int(x)) for x in xids)})")
 
 
 #: The partition columns of a target's ``pending`` table (`save_open_rows`).

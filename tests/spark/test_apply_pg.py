@@ -822,6 +822,103 @@ def test_transactions_sent_again_after_a_reconnect_are_applied_once(spark, pg15,
     assert [r.open_rows > 0 for r in results] == [True] * (runs - 1) + [False]
 
 
+def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spark, pg15, tmp_path):
+    """A walsender session ends inside two streamed transactions, which then abort. The next
+    session (a peek after `pg_replication_slot_advance` to the last commit the first sent)
+    sends neither again, nor their Stream Aborts: the apply worker forgot them with its
+    session, but a capture has no session boundary, so they stay open in ``pending`` run after
+    run, as `status` shows. PostgreSQL reports them aborted; ``forget_xids`` then deletes their
+    rows: one in a run with nothing new, the other in a run that applies the rest. An xid that
+    is not open fails the run before anything is written. The mirrors equal the source tables;
+    the change tables of the `changes` job, which forgets them too, hold the committed changes.
+    """
+    from pgoutput_spark.errors import ConfigError
+    from pgoutput_spark.spark.assemble import ForgottenStream
+
+    db = new_database(pg15, "apply_orphans")
+    pg15.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE side (id int PRIMARY KEY, v text);"
+                 " CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
+    slot = f"{db}_slot"
+    pg15.create_slot(slot, dbname=db)
+    streaming: dict[str, Any] = {"publications": ["pub_main"], "proto_version": 2, "streaming": "on", "dbname": db}
+    d = Driver(pg15, db)
+    try:
+        d.txn("INSERT INTO side VALUES (1, 'before')")
+        orphans = [d.session(), d.session()]
+        pad = "repeat(md5(g::text), 8)"  # 400 rows of it pass logical_decoding_work_mem (64kB)
+        for i, orphan in enumerate(orphans):
+            orphan.execute(f"INSERT INTO big SELECT g, {pad} FROM generate_series({i * 1000}, {i * 1000 + 399}) g")
+        d.txn("INSERT INTO side VALUES (2, 'beside')")
+        first = pg15.peek_pgoutput(slot, **streaming)
+        for orphan in orphans:
+            orphan.rollback()
+            orphan.close()
+        d.txn("UPDATE side SET v = 'after' WHERE id = 1")
+        d.txn("INSERT INTO big VALUES (5000, 'committed')")
+        d.txn("UPDATE side SET v = 'last' WHERE id = 2")
+    finally:
+        d.close()
+    kinds = [m.data[:1] for m in first]
+    xids = sorted({decode_message(m.data).xid for m in first if m.data[:1] == b"S"})  # type: ignore[attr-defined]
+    assert len(xids) == 2 and b"c" not in kinds and b"A" not in kinds  # both streamed, neither ended
+    confirmed = decode_message(first[len(kinds) - 1 - kinds[::-1].index(b"C")].data).end_lsn  # type: ignore[attr-defined]
+    pg15.query("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(Lsn(confirmed))), dbname=db)
+    second = pg15.peek_pgoutput(slot, seq_start=len(first), **streaming)
+    pg15.drop_slot(slot, dbname=db)
+    assert not [m for m in second if m.data[:1] in (b"S", b"A")]  # never sent again, nor aborted
+    assert [r[0] for r in pg15.query("SELECT pg_xact_status(x::text::xid8) FROM unnest(%s::bigint[]) x",
+                                     (xids,), dbname=db)] == ["aborted", "aborted"]
+    cut = len(first) + [m.data[:1] for m in second].index(b"C") + 1  # the second session's first commit
+    messages = first + second
+    _, results = _apply_and_compare(spark, messages[:cut], d.workload, tmp_path, [len(first)], run_after={0})
+    assert [r.open_rows > 0 for r in results] == [True, True]
+    target, landing = str(tmp_path / "target"), tmp_path / "landing"
+    opened = status(spark, target).open_transactions
+    assert [(kind, xid) for kind, xid, *_ in opened] == [("streamed", xid) for xid in xids], opened
+    firsts = {xid: (seq, rows) for _, xid, seq, _, rows in opened}
+    feed = str(tmp_path / "feed")
+
+    def apply(*forget: int) -> ApplyResult:
+        return run_apply(spark, read_capture(spark, str(landing)), target, forget_xids=forget)
+
+    def changes(*forget: int) -> Any:
+        return run_changes(spark, read_capture(spark, str(landing)), feed, forget_xids=forget)
+
+    assert changes().open_rows == sum(rows for _, rows in firsts.values())
+
+    with pytest.raises(ConfigError, match=rf"forget_xids: {xids[1] + 1} is not a streamed transaction open at "
+                                          rf"the target's position \(seq {results[-1].hi}\); open ones: {xids[0]} "):
+        apply(xids[0], xids[1] + 1)
+    assert status(spark, target).open_transactions == opened  # nothing forgotten, the lease handed back
+    alone = apply(xids[0])  # nothing new in the capture: a run that only forgets
+    assert (alone.lo, alone.hi, alone.tables) == (results[-1].hi, results[-1].hi, [])
+    assert alone.forgotten == (ForgottenStream(xids[0], *firsts[xids[0]]),)
+    assert f"forgotten (forget_xids): streamed transaction {xids[0]}" in alone.render()
+    state = status(spark, target)
+    assert [xid for _, xid, *_ in state.open_transactions] == [xids[1]] and not state.running
+    assert state.runs[-1]["forgotten"] == [{"xid": xids[0], "first_seq": firsts[xids[0]][0],
+                                            "rows": firsts[xids[0]][1]}]
+    assert f"forgot streamed transaction {xids[0]}" in state.render()
+    fed = changes(xids[0])
+    assert (fed.lo, fed.hi, fed.forgotten, fed.open_rows) == (alone.lo, alone.lo, alone.forgotten, 0)
+    _land(messages[cut:], tmp_path, landing, 2)
+    fed = changes(xids[1])
+    assert fed.forgotten == (ForgottenStream(xids[1], *firsts[xids[1]]),) and fed.open_rows == 0
+    assert fed.changes == {"public.big": 1, "public.side": 1}  # the rest: the statements committed after the cut
+    assert [tuple(r) for r in spark.read.format("delta").load(f"{feed}/_changes/public/big")
+            .select("_op", "id").collect()] == [("insert", 5000)]
+    rest = apply(xids[1])
+    assert rest.forgotten == (ForgottenStream(xids[1], *firsts[xids[1]]),) and rest.open_rows == 0
+    assert rest.hi == messages[-1].seq and {t.table for t in rest.tables} == {"public.big", "public.side"}
+    assert status(spark, target).open_transactions == [] and _saved_open_rows(spark, target) == set()
+    with pytest.raises(ConfigError, match=r"open ones: none"):
+        apply(xids[1])
+    assert apply().skipped
+    for table, columns in (("big", "id, pad"), ("side", "id, v")):
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
+        assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {columns} FROM {table}", dbname=db))
+
+
 @pytest.mark.parametrize("server", ["pg15", "pg16"])
 def test_capture_lands_transactions_between_streamed_ones_that_stay_open(spark, server, request, tmp_path,
                                                                            monkeypatch):

@@ -298,3 +298,37 @@ def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp
     finally:
         second.release()
     assert not second.pending.is_cached and not second.scanned.is_cached
+
+
+def test_forgetting_a_streamed_transaction_deletes_its_saved_rows_and_only_those(spark, tmp_path, caplog):
+    """`forget_xids`' checks and delete on a ``pending`` table as the runs save it: the run that
+    ended at seq 10 left streamed transaction 7 open, and 8 prepared by a Stream Prepare (its
+    Commit Prepared always comes: not forgettable); the rows of the run that ended at 5 are not
+    read again. The end-to-end case against PostgreSQL is in `test_apply_pg.py`."""
+    from pgoutput_spark.errors import ConfigError
+    from pgoutput_spark.spark.assemble import ForgottenStream, forget_open_streams, open_streams, to_forget
+
+    path = str(tmp_path / "pending")
+    rows = [(3, "stream_start", 7, None, 10), (4, "insert", 7, None, 10), (6, "insert", 7, None, 10),
+            (5, "stream_start", 8, None, 10), (8, "stream_prepare", 8, None, 10),
+            (9, "begin", None, 9, 10), (10, "insert", None, 9, 10),
+            (2, "stream_start", 7, None, 5), (3, "stream_start", 6, None, 5)]
+    (spark.createDataFrame(rows, "seq long, message_type string, top_xid long, block_seq long, _run_hi long")
+     .write.format("delta").partitionBy("_run_hi").save(path))
+    assert open_streams(spark, path, 10) == {7: (3, 3)} and open_streams(spark, path, 5) == {7: (2, 1), 6: (3, 1)}
+    assert to_forget(spark, path, 10, ScanState(), (7, 7), redone=False) == (ForgottenStream(7, 3, 3),)
+    with pytest.raises(ConfigError, match=r"forget_xids: 8 is not a streamed transaction open at the target's "
+                                          r"position \(seq 10\); open ones: 7 \(since seq 3, 3 rows\)\. Nothing"):
+        to_forget(spark, path, 10, ScanState(), (7, 8), redone=False)
+    with pytest.raises(ConfigError, match="open ones: none"):
+        to_forget(spark, path, None, ScanState(), (7,), redone=False)
+    with pytest.raises(ConfigError, match="still inside a stream block of transaction 7 at the target's position"):
+        to_forget(spark, path, 10, ScanState(None, 7), (7,), redone=False)
+    with caplog.at_level("WARNING", logger="pgoutput_spark.spark.assemble"):
+        assert to_forget(spark, path, 10, ScanState(), (6,), redone=True) == ()  # a retried command
+    assert "forget_xids: 6 is not open at seq 10: taken as forgotten by the interrupted run" in caplog.text
+    forget_open_streams(spark, path, 10, (7,))
+    forget_open_streams(spark, path, 10, (7,))  # again: nothing more
+    left = sorted(tuple(r) for r in spark.read.format("delta").load(path).select("_run_hi", "seq").collect())
+    assert left == [(5, 2), (5, 3), (10, 5), (10, 8), (10, 9), (10, 10)]
+    assert open_streams(spark, path, 10) == {}

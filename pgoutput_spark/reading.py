@@ -64,6 +64,14 @@ class Status:
             for kind, xid, seq, lsn, rows in self.open_transactions:
                 lines.append(f"  {kind} xid {xid} since seq {seq}"
                              + ("" if lsn is None else f" (LSN {Lsn(lsn)})") + f", {rows} rows")
+            # Open before the last run's slice: carried over by a whole run at least.
+            last_lo = self.runs[-1]["lo_seq"] if self.runs else None
+            old = [xid for kind, xid, seq, _, _ in self.open_transactions
+                   if kind == "streamed" and last_lo is not None and seq <= last_lo]
+            if old:
+                lines.append(f"  streamed and open across runs: {', '.join(map(str, old))}. One that its walsender "
+                             f"session left behind is never sent again: if PostgreSQL reports it aborted "
+                             f"(SELECT pg_xact_status('{old[0]}'::xid8)), forget it (apply --forget-xid {old[0]})")
         if self.mirrors:
             lines.append("mirrors:")
             width = max(len(t) for t in self.mirrors)

@@ -911,6 +911,7 @@ def test_status_lists_the_transactions_a_run_leaves_open(spark, tmp_path):
     assert all(t[4] >= 2 for t in state.open_transactions)
     assert "open transactions carried to the next run: 2\n  streamed xid 800 since seq 4 (LSN 0/68)" in \
         state.render()
+    assert "open across runs" not in state.render()  # it started in the last run's slice: no hint
     tail = [b.commit(3000, 3001, 0), b.stream_commit(800, 4000, 4001, 0)]
     run_apply(spark, _frame(spark, head + tail), root)
     assert status(spark, root).open_transactions == []

@@ -876,6 +876,9 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
     opened = status(spark, target).open_transactions
     assert [(kind, xid) for kind, xid, *_ in opened] == [("streamed", xid) for xid in xids], opened
     firsts = {xid: (seq, rows) for _, xid, seq, _, rows in opened}
+    assert (f"streamed and open across runs: {xids[0]}, {xids[1]}. One that its walsender session left behind "
+            f"is never sent again: if PostgreSQL reports it aborted (SELECT pg_xact_status('{xids[0]}'::xid8)), "
+            f"forget it (apply --forget-xid {xids[0]})") in status(spark, target).render()
     feed = str(tmp_path / "feed")
 
     def apply(*forget: int) -> ApplyResult:

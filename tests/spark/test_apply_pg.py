@@ -770,6 +770,17 @@ def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_in_one_
         assert Counter(tuple(r) for r in mirror) == twin
 
 
+def _big_and_side(pg: PgCluster, prefix: str) -> tuple[str, str, dict[str, Any]]:
+    """A database with tables ``big`` and ``side`` published, a slot, and the peek options that
+    stream with protocol 2: (database, slot, options)."""
+    db = new_database(pg, prefix)
+    pg.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE side (id int PRIMARY KEY, v text);"
+               " CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
+    slot = f"{db}_slot"
+    pg.create_slot(slot, dbname=db)
+    return db, slot, {"publications": ["pub_main"], "proto_version": 2, "streaming": "on", "dbname": db}
+
+
 @pytest.mark.parametrize("resent, runs", [("streamed", 1), ("streamed", 2), ("whole", 2)])
 def test_transactions_sent_again_after_a_reconnect_are_applied_once(spark, pg15, tmp_path, resent, runs):
     """A landing that keeps what a walsender sent before a reconnect as well as after it.
@@ -781,12 +792,7 @@ def test_transactions_sent_again_after_a_reconnect_are_applied_once(spark, pg15,
     whole at its commit (that session without streaming). The apply worker drops what it had
     spooled of both; so must the mirrors, in one run or two, and nothing of them stays open.
     """
-    db = new_database(pg15, "apply_resent")
-    pg15.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE side (id int PRIMARY KEY, v text);"
-                 " CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
-    slot = f"{db}_slot"
-    pg15.create_slot(slot, dbname=db)
-    streaming: dict[str, Any] = {"publications": ["pub_main"], "proto_version": 2, "streaming": "on", "dbname": db}
+    db, slot, streaming = _big_and_side(pg15, "apply_resent")
     d = Driver(pg15, db)
     try:
         d.txn("INSERT INTO side VALUES (1, 'confirmed')")
@@ -835,12 +841,7 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
     from pgoutput_spark.errors import ConfigError
     from pgoutput_spark.spark.assemble import ForgottenStream
 
-    db = new_database(pg15, "apply_orphans")
-    pg15.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE side (id int PRIMARY KEY, v text);"
-                 " CREATE PUBLICATION pub_main FOR ALL TABLES", dbname=db)
-    slot = f"{db}_slot"
-    pg15.create_slot(slot, dbname=db)
-    streaming: dict[str, Any] = {"publications": ["pub_main"], "proto_version": 2, "streaming": "on", "dbname": db}
+    db, slot, streaming = _big_and_side(pg15, "apply_orphans")
     d = Driver(pg15, db)
     try:
         d.txn("INSERT INTO side VALUES (1, 'before')")

@@ -90,7 +90,7 @@ from .mirroring.rows import (
     pre_image,
 )
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
-from .results import ApplyResult, TableResult, forgotten_note
+from .results import ApplyResult, TableResult
 from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
                              to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
@@ -283,10 +283,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
         if forgotten:
             assert lo is not None
             with _step(f"forget {len(forgotten)} streamed transactions"):
-                forget_open_streams(spark, ledger.pending_path, lo, tuple(f.xid for f in forgotten))
-            for f in forgotten:
-                _log.warning("%s", forgotten_note(f))
-                say(forgotten_note(f))
+                forget_open_streams(spark, ledger.pending_path, lo, forgotten, say)
         # Tuples deferred to the table tasks: the run caches and moves one value per change (its
         # bytes typed as a string, which Spark caches with one copy instead of three).
         decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,

@@ -22,7 +22,6 @@ and read back by the next run only.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,7 +44,6 @@ from .mirroring.delta import (
     txn_append,
     vacuum_tables,
 )
-from .results import forgotten_note
 from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
                              saved_open_rows, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
@@ -58,8 +56,6 @@ from .spark.session import (
     warm_python_workers,
     without_codegen,
 )
-
-_log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                f"messages long, changes long, at timestamp, new_files array<string>, forgotten {FORGOTTEN}")
@@ -98,7 +94,7 @@ class ChangesResult:
             lines.append(f"not written (tables.include / exclude): {', '.join(self.excluded)}")
         if self.landed.late_rows:
             lines.append(late_note(self.landed))
-        lines += [forgotten_note(f) for f in self.forgotten]
+        lines += [f.note() for f in self.forgotten]
         if self.remaining:
             lines.append(f"more of the capture remains after seq {self.hi}: run again")
         return "\n".join(lines)
@@ -222,7 +218,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         if hi is None:
             if forgotten:  # nothing new: a run that only forgets
                 assert lo is not None
-                _forget(state, lo, forgotten, say)
+                forget_open_streams(spark, state.pending_path, lo, forgotten, say)
             if (landed.unread or forgotten) and lo is not None:  # recorded, so that the next run goes on
                 state.record("finished", lo, lo, scan_in, new_files=landed.new_files, forgotten=forgotten)
             if forgotten:
@@ -243,7 +239,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
             state.record("started", lo if lo is not None else -1, hi, scan_in)
         if forgotten:
             assert lo is not None
-            _forget(state, lo, forgotten, say)
+            forget_open_streams(spark, state.pending_path, lo, forgotten, say)
         decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
                          positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
         say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
@@ -320,11 +316,3 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
     state.record("finished", lo if lo is not None else -1, hi, assembled.end_state, n_messages,
                  sum(counts.values()), new_files, forgotten)
     return ChangesResult(lo, hi, n_messages, counts, n_open, n_bad, excluded=excluded, forgotten=forgotten)
-
-
-def _forget(state: _State, lo: int, forgotten: tuple[ForgottenStream, ...], say: Callable[[str], None]) -> None:
-    """Delete the rows of the streamed transactions ``forgotten`` saved at the run's start."""
-    forget_open_streams(state.spark, state.pending_path, lo, tuple(f.xid for f in forgotten))
-    for f in forgotten:
-        _log.warning("%s", forgotten_note(f))
-        say(forgotten_note(f))

@@ -68,8 +68,7 @@ class ApplyResult:
             lines.insert(1, self.note)
         if self.landed.late_rows:
             lines.append(late_note(self.landed))
-        for f in self.forgotten:
-            lines.append(forgotten_note(f))
+        lines += [f.note() for f in self.forgotten]
         if self.excluded:
             lines.append(f"not mirrored (tables.include / exclude): {', '.join(self.excluded)}")
         if self.tables:
@@ -93,11 +92,6 @@ class ApplyResult:
             lines.append(_renamed_hint(list(self.renamed)))
         lines.append(f"took {self.duration_s:.1f} s")
         return "\n".join(lines)
-
-
-def forgotten_note(f: ForgottenStream) -> str:
-    return (f"forgotten (forget_xids): streamed transaction {f.xid}, open since seq {f.first_seq}, "
-            f"{f.rows} rows left out unapplied")
 
 
 def _skipped_hint(tables: list[str]) -> str:

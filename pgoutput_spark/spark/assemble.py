@@ -605,6 +605,11 @@ class ForgottenStream:
     first_seq: int  # seq of its first segment's Stream Start
     rows: int  # rows of it saved in ``_pgoutput/pending``, deleted
 
+    def note(self) -> str:
+        """What a run says of it (its result, progress line and log)."""
+        return (f"forgotten (forget_xids): streamed transaction {self.xid}, open since seq {self.first_seq}, "
+                f"{self.rows} rows left out unapplied")
+
 
 def to_forget(spark: SparkSession, path: str, lo: int | None, scan: ScanState, xids: tuple[int, ...], *,
               redone: bool) -> tuple[ForgottenStream, ...]:
@@ -643,15 +648,21 @@ def open_streams(spark: SparkSession, path: str, run_hi: int | None) -> dict[int
     return {r["top_xid"]: (r["first"], r["rows"]) for r in streams.collect() if not r["prepared"]}
 
 
-def forget_open_streams(spark: SparkSession, path: str, run_hi: int, xids: tuple[int, ...]) -> None:
-    """Delete the rows of the streamed transactions ``xids`` from those saved at ``path`` by the
-    run that ended at ``run_hi`` (`open_streams`): the next run's assembly no longer holds them
-    open. Deleting them again deletes nothing."""
+def forget_open_streams(spark: SparkSession, path: str, run_hi: int, forgotten: tuple[ForgottenStream, ...],
+                        say: Callable[[str], None]) -> None:
+    """Delete the rows of the streamed transactions ``forgotten`` (`to_forget`) from those saved
+    at ``path`` by the run that ended at ``run_hi`` (`open_streams`): the next run's assembly no
+    longer holds them open. Deleting them again deletes nothing. Each is logged as a warning
+    and told to ``say`` (the run's progress)."""
     from ..mirroring.delta import path_table
 
-    if xids:
-        spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi = {int(run_hi)} AND block_seq IS NULL "
-                  f"AND top_xid IN ({', '.join(str(int(x)) for x in xids)})")
+    if not forgotten:
+        return
+    spark.sql(f"DELETE FROM {path_table(path)} WHERE _run_hi = {int(run_hi)} AND block_seq IS NULL "
+              f"AND top_xid IN ({', '.join(str(int(f.xid)) for f in forgotten)})")
+    for f in forgotten:
+        _log.warning("%s", f.note())
+        say(f.note())
 
 
 #: The partition columns of a target's ``pending`` table (`save_open_rows`).

@@ -327,8 +327,10 @@ def test_forgetting_a_streamed_transaction_deletes_its_saved_rows_and_only_those
     with caplog.at_level("WARNING", logger="pgoutput_spark.spark.assemble"):
         assert to_forget(spark, path, 10, ScanState(), (6,), redone=True) == ()  # a retried command
     assert "forget_xids: 6 is not open at seq 10: taken as forgotten by the interrupted run" in caplog.text
-    forget_open_streams(spark, path, 10, (7,))
-    forget_open_streams(spark, path, 10, (7,))  # again: nothing more
+    said: list[str] = []
+    forget_open_streams(spark, path, 10, (ForgottenStream(7, 3, 3),), said.append)
+    forget_open_streams(spark, path, 10, (ForgottenStream(7, 3, 3),), said.append)  # again: nothing more
+    assert said == ["forgotten (forget_xids): streamed transaction 7, open since seq 3, 3 rows left out unapplied"] * 2
     left = sorted(tuple(r) for r in spark.read.format("delta").load(path).select("_run_hi", "seq").collect())
     assert left == [(5, 2), (5, 3), (10, 5), (10, 8), (10, 9), (10, 10)]
     assert open_streams(spark, path, 10) == {}

@@ -640,9 +640,11 @@ def _history_plan(spark: SparkSession, root: str, history: RelationHistory, oid:
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,
                    spec: TableSpec, arrow_schema: Any, kinds: dict[str, int], app_id: str, to_lsn: int,
-                   metadata: dict[str, Any], tasks: int, moved: list[tuple[int, int]]) -> int:
+                   metadata: dict[str, Any], tasks: int, moved: list[tuple[int, int]],
+                   halves: bool = False, name: str = "") -> tuple[int, bool]:
     """The run's versions into the history table (created, or seeded from an existing mirror, first),
-    computed in ``tasks`` tasks (``moved`` as for `net_frame`)."""
+    computed in ``tasks`` tasks (``moved`` and ``halves`` as for `net_frame`): their number, and
+    whether the halves conflicted (computed again in one task then, see `history_changes`)."""
     seed = not past.exists and plan.exists
     apply_schema(session, past)
     if seed:  # history starts now: the mirror's rows are the current versions, from where it stands
@@ -659,13 +661,20 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
         if kinds.keys() & {"update", "delete", "truncate"}:
             keys = None if "truncate" in kinds else looked_up(typed, spec)  # a truncate ends every version
             pre = pre_image(session, past.path, keys, typed.schema, spec, current_only=True)
-    changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved).persist()
+    changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halves).persist()
     try:
-        versions = changes.where(F.col("_action") == "version").count()
+        counts = {r["_action"]: r["n"] for r in changes.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+        conflicted = "conflict" in counts
+        if conflicted:  # in halves, an update found no row or left a TOASTed column unchanged
+            release(changes)
+            _log.info("%s (history): an update in halves needs its other half, netted in %d tasks: "
+                      "netted again in one", name, tasks)
+            changes = history_frame(typed, pre, spec, arrow_schema).persist()
+            counts = {"version": changes.where(F.col("_action") == "version").count()}
         merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)
     finally:
         release(changes)
-    return versions
+    return counts.get("version", 0), conflicted
 
 
 def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
@@ -728,10 +737,10 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     # Only updates and deletes look rows up; a mirror this run created has none to find.
     looks_up = plan.exists and bool(kinds.keys() & {"update", "delete"})
     tasks = net_tasks(n_changes, kinds.get("update", 0), spec, net_task_rows)
-    # Without a history: the net change in halves (`halved_tasks`), where `net_tasks` joins the
-    # buckets an update moves a row between; the rows converted in the same tasks where none
-    # are looked up.
-    halved = 1 if past is not None else halved_tasks(n_changes, spec, arrow_schema, net_task_rows)
+    # The net change, and a history's versions, in halves (`halved_tasks`), where `net_tasks`
+    # joins the buckets an update moves a row between; without a history, the rows converted
+    # in the same tasks where none are looked up.
+    halved = halved_tasks(n_changes, spec, arrow_schema, net_task_rows)
     tasks = max(tasks, halved)
     # No history, one task, a few rows: convert, look up and net on the driver. Otherwise
     # nothing to look up, no history, one task: convert and net in it (`converted_net_frame`).
@@ -749,8 +758,11 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if not history_done:
             assert past is not None and typed is not None
             with _step(f"{name}: history"):
-                versions = _write_history(session, ledger.pipeline, typed, past, plan, spec, arrow_schema, kinds,
-                                          history_app_id, to_lsn, metadata, tasks, moved)
+                versions, conflicted = _write_history(session, ledger.pipeline, typed, past, plan, spec,
+                                                      arrow_schema, kinds, history_app_id, to_lsn, metadata, tasks,
+                                                      moved, halves=halved > 1, name=name)
+            if conflicted:  # the mirror's halves would conflict as well: its rows are the history's current ones
+                tasks = 1
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
         if local:  # a few rows: on the driver, no task

@@ -22,7 +22,10 @@ values) into ``version`` rows (the new versions, closed already when the run
 replaced them too) and ``close`` rows (the key of a version from an earlier
 run and when it ended). One MERGE (`merge_history`) then closes those versions
 and inserts the new ones, idempotent through Delta's transaction identifiers
-like the mirror's. History needs a key: a table whose identity is the whole
+like the mirror's. Netted in halves (`net.in_halves`), as a mirror's net change can be, an
+update between buckets is a close in its old key's task and a new version in its new key's; a
+``conflict`` row (`net.CONFLICT_REASON`) then asks for the run in one task, as the mirror's
+does. History needs a key: a table whose identity is the whole
 row (``REPLICA IDENTITY FULL`` without a ``tables.keys`` override, or no
 identity) is refused. A re-snapshot of the table (`slot.snapshot`) brings its
 history to the new mirror's rows (`resnapshot_history`).
@@ -37,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..assemble.typed import change_schema, data_fields
-from .net import TableSpec, _provenance, prepare
+from .net import NEW_HALF, OLD_HALF, TableSpec, _provenance, prepare
 
 #: The history's own columns, after the table's columns.
 HISTORY_NAMES = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from_ts", "_valid_to_ts", "_is_current",
@@ -68,8 +71,15 @@ def history_schema(changes: pa.Schema) -> pa.Schema:
                       *history_fields(changes.field("_commit_ts").type)])
 
 
-def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
-    """The run's new versions and the closes of earlier versions, for one keyed table (module doc)."""
+def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None) -> pa.Table:
+    """The run's new versions and the closes of earlier versions, for one keyed table (module doc).
+
+    ``halves`` as for `net.net_changes`: an update's old half ends its row's version as a delete
+    would, its new half opens the new key's version as an insert would. An old half that finds
+    no row, or a new half with unchanged-TOAST columns (their values are in the old half's
+    task), comes out as a ``conflict`` row (its seq in ``_version_seq``): the caller computes
+    the table's history again in one task.
+    """
     if spec.mode != "keyed":
         raise ValueError("history needs a keyed table")
     p = prepare(rows, spec)
@@ -81,6 +91,8 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
     opened: dict[int, tuple[int, Any]] = {}  # code -> (row that opened the run's version, provenance)
     closed: dict[int, int] = {}  # code -> row that ended the earlier run's version of that key
     versions: list[tuple[Any, int, int | None]] = []  # (provenance, opening row, closing row)
+    conflicts: list[int] = []  # halves that cannot be computed apart from their other half
+    half = halves.tolist() if halves is not None else None
     truncated = False
 
     def close(code: int, i: int) -> None:
@@ -106,6 +118,10 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
             truncated = True
             continue
         new = p.new_code[i]
+        if half is not None and half[i] == NEW_HALF:  # the row its update leaves: an insert
+            if p.unchanged.get(i):
+                conflicts.append(i)
+            op = "insert"
         if op == "insert":
             close(new, i)
             state[new] = i
@@ -114,10 +130,12 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
         src = p.old_code[i] if p.has_old[i] else new
         current = state[src] if src in state else (None if truncated else pre.get(src))
         if current is None:
+            if half is not None and half[i] == OLD_HALF:  # its new half went on elsewhere
+                conflicts.append(i)
             continue  # no such row: the mirror skips and records it
         close(src, i)
         state[src] = None
-        if op == "delete":
+        if op == "delete" or (half is not None and half[i] == OLD_HALF):  # the row its update takes away
             continue
         cols = p.unchanged.get(i)
         prov = i if not cols else (i, {j: _provenance(current, j) for j in cols})
@@ -162,6 +180,12 @@ def history_changes(rows: pa.Table, spec: TableSpec) -> pa.Table:
             "_version_seq": pa.nulls(len(closed), pa.int64()),
         }
         parts.append(_table(schema, "close", cols, meta))
+    if conflicts:
+        at = np.array(conflicts, np.int64)
+        cols = {name: pa.nulls(at.size, p.data[name].type) for name in p.names}
+        meta = {name: pa.nulls(at.size, schema.field(name).type) for name in HISTORY_NAMES}
+        meta["_version_seq"] = pa.array(p.seqs[at], pa.int64())
+        parts.append(_table(schema, "conflict", cols, meta))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
@@ -177,13 +201,18 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 
 
 def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema, *, tasks: int = 1,
-                  moved: list[tuple[int, int]] | None = None) -> Any:
+                  moved: list[tuple[int, int]] | None = None, halves: bool = False) -> Any:
     """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
-    `rows.net_frame`: a key's versions depend on its own changes and the truncates only)."""
+    `rows.net_frame`: a key's versions depend on its own changes and the truncates only), the
+    buckets an update moves a row between joined (``moved``) or the update in ``halves``
+    (then a ``conflict`` row asks for one task, see `history_changes`)."""
     from .rows import in_tasks
 
-    return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema),
-                    lambda rows: history_changes(rows, spec), spec=spec, tasks=tasks, moved=moved)
+    def compute(rows: pa.Table, halved: np.ndarray | None = None) -> pa.Table:
+        return history_changes(rows, spec, halves=halved)
+
+    return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema), compute, spec=spec, tasks=tasks,
+                    moved=moved, halves=halves)
 
 
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,

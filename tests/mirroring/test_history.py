@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgoutput_spark.mirroring.history import history_changes
+from pgoutput_spark.mirroring.net import NEW_HALF, OLD_HALF, in_halves, net_changes
 
 from .test_net import KEYED, NAMES, SCHEMA, _normal, per_task, reference, scenario
 
@@ -49,7 +50,70 @@ def test_versions_valid_at_each_commit_equal_the_row_by_row_state(case, rnd, buc
     """In one task, or in several by key (`rows.by_key`)."""
     initial, changes = case
     parts = per_task(_table(initial, changes, rnd), KEYED, buckets, tasks, rnd.randint(1, 4))
-    history = _merged(initial, pa.concat_tables([history_changes(part, KEYED) for part in parts]))
+    _assert_valid_at_each_commit(initial, changes, pa.concat_tables([history_changes(part, KEYED) for part in parts]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_versions_in_halves_equal_the_row_by_row_state_or_ask_for_one_task(data):
+    """What `history_frame` with ``halves`` does: rows in buckets by the key each looks up, an
+    update whose new key is in another bucket in both as halves (its old half ends the old key's
+    version, its new half opens the new key's). The buckets' outputs together give the versions
+    of one task, unless one says ``conflict``: only a run in which an update finds no row, or a
+    key change leaves a column unchanged (TOAST), can say that."""
+    initial, changes = data.draw(scenario(KEYED, found=data.draw(st.booleans())))
+    rnd = data.draw(st.randoms(use_true_random=False))
+    table = _table(initial, changes, rnd)
+    parts = in_halves(table, KEYED, data.draw(st.integers(1, 5)))
+    assert parts is not None
+    out = pa.concat_tables([history_changes(part, KEYED, halves=halves) for part, halves in parts])
+    skipped = {r["_seq"] for r in net_changes(table, KEYED).to_pylist() if r["_action"] == "skipped"}
+    asks = {i for i, c in enumerate(changes) if c["_op"] == "update" and (
+        i in skipped or (c["_old"] is not None and c["_unchanged_toast"]))}
+    conflicts = {r["_version_seq"] for r in out.to_pylist() if r["_action"] == "conflict"}
+    assert conflicts <= asks
+    if not asks:
+        assert not conflicts
+    if not conflicts:
+        _assert_valid_at_each_commit(initial, changes, out)
+
+
+def test_a_key_change_between_buckets_closes_one_version_and_opens_another_in_two_tasks():
+    row = {"id": 1, "k2": 0, "big": "x", "n": 1}
+    moves = [{**row, "id": i} for i in range(2, 40)]
+    for new in moves:  # a new key in the other bucket of two
+        changes = [{"_op": "update", "new": new, "_old": {"id": 1, "k2": 0}, "_unchanged_toast": [], "commit": 1}]
+        parts = in_halves(_table([row], changes, _NoShuffle()), KEYED, 2)
+        if sorted(int(h) for _, halves in parts for h in halves if h) == [OLD_HALF, NEW_HALF]:
+            break
+    else:
+        raise AssertionError("no key of 2..39 in the other bucket")
+    outs = [history_changes(part, KEYED, halves=halves).to_pylist() for part, halves in parts]
+    acts = sorted((r["_action"], r["id"], r["_valid_from_lsn"], r["_valid_to_lsn"]) for out in outs for r in out)
+    # What one task gives: the old key's version closed, the new key's opened (and any version
+    # of the new key closed, a no-op for a key without one).
+    whole = history_changes(_table([row], changes, _NoShuffle()), KEYED).to_pylist()
+    assert acts == sorted((r["_action"], r["id"], r["_valid_from_lsn"], r["_valid_to_lsn"]) for r in whole)
+    assert [a for a in acts if a[0] == "version"] == [("version", new["id"], _lsn(1), None)]
+    assert ("close", 1, None, _lsn(1)) in acts
+    # The same key change leaving a column unchanged: its value is in the old key's task.
+    changes[0].update(new={**new, "big": None}, _unchanged_toast=["big"])
+    parts = in_halves(_table([row], changes, _NoShuffle()), KEYED, 2)
+    outs = [history_changes(part, KEYED, halves=halves).to_pylist() for part, halves in parts]
+    assert [(r["_action"], r["_version_seq"]) for out in outs for r in out if r["_action"] == "conflict"] == \
+        [("conflict", 0)]
+
+
+class _NoShuffle:
+    def shuffle(self, rows):
+        pass
+
+    def randint(self, lo, hi):
+        return hi
+
+
+def _assert_valid_at_each_commit(initial, changes, out):
+    history = _merged(initial, out)
     for commit in sorted({c["commit"] for c in changes} | {-1}):
         lsn = _lsn(commit) if commit >= 0 else 0
         valid = [{n: h[n] for n in NAMES} for h in history

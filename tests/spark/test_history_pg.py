@@ -3,6 +3,7 @@ equal the source table as it was then (PostgreSQL's own rows, read after each tr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,59 @@ def test_history_versions_valid_at_any_lsn_equal_the_source_then(spark: Any, pg1
     keyed = snapshot_tables(spark, target, publications=["hist_pub"], tables=["public.item"], dsn=dsn,
                             selection=TablesConfig(keys={"public.item": ("id",)}))
     assert [t.history for t in keyed.tables] == [(0, 0)]
+
+
+def test_a_history_whose_keys_change_computed_in_halves_equals_the_source_at_every_lsn(
+        spark: Any, pg15: PgCluster, tmp_path: Path, caplog: Any) -> None:
+    """A history table in tasks of 40 change rows (`apply.net_task_rows`): key changes and a
+    swap through a third key in one transaction move rows between the tasks' buckets, each
+    update in both as halves, its old key's version closed in one task and its new key's opened
+    in the other (before halves, those buckets joined into one task, `moved_buckets`). A key
+    change that leaves a TOASTed column unchanged cannot be halved (its value is in the old
+    key's task): that run computes the history, and the mirror, again in one task."""
+    db = new_database(pg15, "history_halves")
+    pg15.execute("CREATE TABLE kt (id int PRIMARY KEY, v text, big text);"
+                 " ALTER TABLE kt ALTER COLUMN big SET STORAGE EXTERNAL;"  # out of line: unchanged TOAST
+                 " CREATE PUBLICATION kt_pub FOR TABLE kt", dbname=db)
+    big = "repeat(md5(g::text), 100)"  # 3,200 bytes, stored EXTERNAL: TOASTed, not compressed
+    runs = [
+        [f"INSERT INTO kt SELECT g, 'v', CASE WHEN g > 90 THEN {big} ELSE 'small' END FROM generate_series(1, 100) g"],
+        ["UPDATE kt SET id = id + 1000, v = 'moved' WHERE id % 3 = 0 AND id <= 90",
+         "BEGIN; UPDATE kt SET id = -1 WHERE id = 1; UPDATE kt SET id = 1 WHERE id = 2;"
+         " UPDATE kt SET id = 2 WHERE id = -1; COMMIT",
+         "DELETE FROM kt WHERE id % 7 = 0",
+         "BEGIN; UPDATE kt SET v = 'again' WHERE id > 1000; UPDATE kt SET id = id + 1000 WHERE id > 1080; COMMIT"],
+        ["UPDATE kt SET id = id + 2000 WHERE id > 95 AND id <= 100",  # big left unchanged: sent as 'u'
+         "UPDATE kt SET v = 'w' WHERE id < 1100"],
+    ]
+    slot, landing, target = f"{db}_slot", str(tmp_path / "landing"), str(tmp_path / "target")
+    dsn = pg15.conninfo(db)
+    capture_slot(landing, slot=slot, dsn=dsn, publications=["kt_pub"], create_slot=True, proto_version=1)
+
+    def state() -> tuple[int, list[tuple[Any, ...]]]:
+        lsn = int(Lsn(pg15.query("SELECT pg_current_wal_lsn()::text", dbname=db)[0][0]))
+        return lsn, sorted(pg15.query("SELECT * FROM kt", dbname=db))
+
+    states = [state()]
+    history = mirror_path(target, "public", "kt", "{root}/_history/{schema}/{table}")
+    spread, halved, again = [], [], []
+    for statements in runs:
+        for sql in statements:
+            pg15.execute(sql, dbname=db)
+            states.append(state())
+        capture_slot(landing, slot=slot, dsn=dsn)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+            result = run_apply(spark, read_capture(spark, landing), target,
+                               tables=TablesConfig(history=("public.kt",)), net_task_rows=40)
+        messages = [r.getMessage() for r in caplog.records]
+        (table,) = result.tables
+        spread.append(table.tasks > 1)
+        halved.append(not any("updates that move rows between keys" in m for m in messages))
+        again.append(any("(history): an update in halves needs its other half" in m for m in messages))
+        versions = _versions(spark, history)
+        for lsn, rows in states:
+            assert _valid_at(versions, lsn) == rows, Lsn(lsn)
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", "kt")).collect()
+        assert sorted(tuple(r) for r in mirror) == states[-1][1]
+    assert (spread, halved, again) == ([True, True, False], [True, True, True], [False, False, True])

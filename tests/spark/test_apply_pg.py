@@ -16,6 +16,7 @@ PostgreSQL's own text output where the Spark form is that text (see
 
 from __future__ import annotations
 
+import glob
 import logging
 
 import math
@@ -36,6 +37,7 @@ from pgoutput_spark import ledger as ledger_module
 from pgoutput_spark.apply import ApplyResult, run_apply, status
 from pgoutput_spark.capture import CaptureColumns
 from pgoutput_spark.changefeed import run_changes
+from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring import delta
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
@@ -419,19 +421,72 @@ def test_pg15_protocol_1_in_two_runs(spark, pg15_captures, tmp_path):
     """Protocol 1 streams nothing: large, prepared (sent at COMMIT PREPARED) and aborted-
     subtransaction transactions come as plain Begin .. Commit blocks, without stream xids.
     Two runs, the first ending inside pgbench's load of 100,000 inserts. A table with more
-    than 20,000 change rows in a run has its net change spread over tasks by key."""
+    than 20,000 change rows in a run has its net change spread over tasks by key. Every table
+    with a key all along also has a history table, compared with PostgreSQL at every commit."""
     workload, captures = pg15_captures
     messages = captures[1]
     assert not any(m.data[:1] in b"SEcAp" for m in messages)  # no stream or two-phase messages
     cuts = _cuts(messages, workload)
     ordered = sorted(cuts.values())
     run_after = {ordered.index(cuts["pgbench load"])}
+    keyed = _keyed_all_along(workload)
     mirrors, results = _apply_and_compare(spark, messages, workload, tmp_path, ordered, run_after,
-                                          net_task_rows=20_000)
+                                          net_task_rows=20_000, tables=TablesConfig(history=tuple(
+                                              glob.escape(f"{s}.{n}") for s, n in keyed)))
     assert len(results) == 2 and results[0].open_rows > 0  # the load's rows carried over
     # The load commits in the second run: 100,000 rows and pgbench's updates, in several tasks.
     assert [{t.table for t in r.tables if t.tasks > 1} for r in results] == [set(), {"public.pgbench_accounts"}]
     _check_types(mirrors)
+    # The keyed tables' histories, at every commit: equal to PostgreSQL's tables then.
+    assert {t.table for r in results for t in r.tables if t.history is not None} == {f"{s}.{n}" for s, n in keyed}
+    _assert_histories(spark, str(tmp_path / "target"), workload, CaptureIndex(messages), keyed)
+
+
+def _keyed_all_along(workload: Workload) -> list[tuple[str, str]]:
+    """The workload's tables with a primary key in every snapshot, but those whose replica
+    identity is FULL for a while (a history needs a key: `tables.keys` is for tables with none)."""
+    snaps = [*workload.snapshots.values(), *(s.tables for s in workload.segments)]
+    full = {("public", "rowfilt"), ("public", "ident_switch")}
+    return sorted(t for t in workload.tables()
+                  if t not in full and all(snap[t].key for snap in snaps if t in snap))
+
+
+def _assert_histories(spark: Any, target: str, workload: Workload, index: CaptureIndex,
+                      tables: list[tuple[str, str]]) -> None:
+    """Each history's versions valid at the commit of each snapshot (and at the last commit of
+    each pgbench segment) equal PostgreSQL's table then, compared as the mirrors are. A column
+    the history has and the table had not yet (added later) is NULL in every version then."""
+    lsn_of = {xid: lsn for lsn, xid in index.xid_at.items()}
+    points = [(lsn_of[xid], workload.snapshots[xid], f"xid {xid}") for xid in workload.commit_order if xid in lsn_of]
+    for segment in workload.segments:
+        inside = [lsn for lsn in index.commit_lsns if segment.start_lsn < lsn <= segment.end_lsn]
+        points += [(inside[-1], segment.tables, "the end of a pgbench segment")] if inside else []
+    points.sort(key=lambda p: p[0])
+    problems: list[str] = []
+    for table in tables:
+        versions = spark.read.format("delta").load(
+            mirror_path(target, *table, "{root}/_history/{schema}/{table}")).toArrow()
+        names = versions.column_names
+        data = [j for j, c in enumerate(names) if not c.startswith("_valid_") and c not in ("_is_current",
+                                                                                             "_version_seq")]
+        rows = list(zip(*(c.to_pylist() for c in versions.columns)))
+        since, until = names.index("_valid_from_lsn"), names.index("_valid_to_lsn")
+        dropped = workload.dropped.get(table, [])
+        compared = 0
+        last = None
+        for lsn, snaps, what in points:
+            snap = snaps.get(table)
+            if snap is not None and snap is last:
+                continue  # the same rows as at the point before (the workload's snapshots are cached)
+            last = snap
+            valid = [r for r in rows if r[since] <= lsn and (r[until] is None or lsn < r[until])]
+            known = {*(snap.columns if snap else ()), *(d.column for d in dropped)}
+            keep = [j for j in data if names[j] in known or any(r[j] is not None for r in valid)]
+            problems += [f"{what}: {p}" for p in _compare(table, [names[j] for j in keep],
+                                                          [tuple(r[j] for j in keep) for r in valid], snap, dropped)]
+            compared += 1
+        assert compared > 1, table
+    assert not problems, "histories differ from PostgreSQL:\n" + "\n".join(problems[:40])
 
 
 def _file_by_file(spark, messages: list[CapturedMessage], workload: Workload, tmp_path: Path,

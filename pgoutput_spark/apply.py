@@ -726,10 +726,12 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     history_app_id = f"{ledger.pipeline}:history:{oid}"
     # Only a redone slice can find its merge committed (a fresh slice has a new commit LSN).
     done = applied_commit(session, plan.path, app_id, to_lsn) if redone else None
-    history_done = past is None or (redone and applied_commit(session, past.path, history_app_id, to_lsn)
-                                    is not None)
-    if done is not None and history_done:  # this table's merges committed before the run was interrupted
-        return TableResult(name, plan.path, oid, **done, status="already applied")
+    # A history's MERGE commits before its mirror's: the versions an interrupted run wrote.
+    history_done = (applied_commit(session, past.path, history_app_id, to_lsn)
+                    if redone and past is not None else None)
+    versions = history_done["inserted"] if history_done is not None else None
+    if done is not None and (past is None or history_done is not None):  # merged before the run was interrupted
+        return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
     if plan.exists:  # a new mirror is created by its first append, in the same commit
         with _step(f"{name}: schema"):
             apply_schema(session, plan)
@@ -754,9 +756,8 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             assert typed is not None
             with _step(f"{name}: updates that move rows between keys"):
                 moved = moved_buckets(typed, spec, tasks)  # buckets joined: some tasks may get no rows
-        versions = None
-        if not history_done:
-            assert past is not None and typed is not None
+        if past is not None and history_done is None:
+            assert typed is not None
             with _step(f"{name}: history"):
                 versions, conflicted = _write_history(session, ledger.pipeline, typed, past, plan, spec,
                                                       arrow_schema, kinds, history_app_id, to_lsn, metadata, tasks,

@@ -14,6 +14,7 @@ from pyspark.sql import types as T
 
 from pgoutput_spark import apply as job
 from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
+from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.ledger import LEASE_SCHEMA, Ledger
 from pgoutput_spark.mirroring import delta as mirror_delta
 from pgoutput_spark.mirroring import rows as mirror_rows
@@ -230,6 +231,43 @@ def test_a_run_killed_at_any_stage_is_redone_to_the_same_tables(spark, tmp_path,
     assert (before, sum(t.inserted for t in redo.tables)) == ((5, 1) if existing else (0, 3 + 1))
     assert run_apply(spark, capture, root).skipped
     assert len(status(spark, root).runs) == 1 + existing
+
+
+def test_a_run_killed_between_a_tables_history_and_its_mirror_is_redone_to_the_same_tables(spark, tmp_path,
+                                                                                             monkeypatch):
+    """A table's history is merged before its mirror. A run killed between the two (the
+    mirror's MERGE fails), redone, merges the mirror only: history and mirror end as an
+    uninterrupted run leaves them, each version once, and the redone run reports the versions
+    the interrupted one wrote."""
+    tables = TablesConfig(history=("public.one",))
+    history = {}
+    for where in ("whole", "killed"):
+        root = str(tmp_path / where)
+        run_apply(spark, _frame(spark, _first_slice()), root, tables=tables)
+        capture = _frame(spark, _first_slice() + _second_slice())
+        path = mirror_delta.mirror_path(root, "public", "one", "{root}/_history/{schema}/{table}")
+        if where == "killed":
+            real = job.merge
+
+            def failing(session, at, *args, **kwargs):
+                if at == mirror_delta.mirror_path(root, "public", "one"):
+                    raise RuntimeError("killed in merge")
+                return real(session, at, *args, **kwargs)
+
+            with monkeypatch.context() as m:
+                m.setattr(job, "merge", failing)
+                with pytest.raises(RuntimeError, match="killed"):
+                    run_apply(spark, capture, root, tables=tables, parallelism=1)
+            written = commits(path)
+        result = run_apply(spark, capture, root, tables=tables)
+        assert result.redone == (where == "killed")
+        assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
+        assert {t.table: t.history for t in result.tables} == {"public.one": 2, "Mixed Case.t/wo": None}
+        if where == "killed":
+            assert commits(path) == written  # the history's MERGE not done again
+        history[where] = sorted(map(repr, spark.read.format("delta").load(path).collect()))
+        assert run_apply(spark, capture, root, tables=tables).skipped
+    assert history["killed"] == history["whole"]
 
 
 def _third_slice():

@@ -2,7 +2,8 @@
 
 The notebook API: `read_capture` (a capture as a DataFrame), `decode`
 (decoded messages), `changes` (typed change DataFrames per table), `mirror`
-(a mirror, now or as of a source LSN), `status` (run history and consistent
+(a mirror, now or as of a source LSN), `history` (a history table, or the
+source as of any LSN from it), `status` (run history and consistent
 read point), `decode_message` (one message, printed like the protocol docs).
 
 The decoder (`decode_message`, `pgoutput_spark.decoder`) has no Spark import;
@@ -37,6 +38,7 @@ __all__ = [
     "changes",
     "decode",
     "decode_message",
+    "history",
     "mirror",
     "quarantined",
     "read_capture",
@@ -53,7 +55,7 @@ def __getattr__(name: str) -> Any:
         from .capture import read_capture
 
         return read_capture
-    if name in ("mirror", "status"):
+    if name in ("mirror", "history", "status"):
         from . import reading
 
         return getattr(reading, name)

@@ -15,7 +15,15 @@ from .capture import _is_delta
 from .errors import PgoutputSparkError
 from .ledger import Ledger
 from .lsn import Lsn
-from .mirroring.delta import METADATA_KEY, mirror_path, path_table, recorded_commits, row_count
+from .mirroring.delta import (
+    DEFAULT_HISTORY_PATH,
+    METADATA_KEY,
+    mirror_path,
+    path_table,
+    quote,
+    recorded_commits,
+    row_count,
+)
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,44 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
         # No change to the table was applied up to then: the source table held no rows.
         return spark.read.format("delta").load(path).limit(0)
     return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str | None = None,
+            pipeline: str = "default", history_path: str = DEFAULT_HISTORY_PATH) -> DataFrame:
+    """The history table of source table ``table`` (``schema.table``) under ``target``
+    (`tables.history`; ``history_path`` as the runs' ``apply.history_path``): every version of
+    every row, with its validity.
+
+    With ``as_of_lsn``, the source table as it was at that LSN: the versions valid then, with
+    the table's columns only. Each version keeps its own commit, so any LSN up to the
+    consistent read point can be read, also one inside a run's commit range, which `mirror`
+    cannot show. An LSN past the read point, or before a history that was turned on for an
+    existing mirror began (its first versions are the mirror's rows then, `_version_seq`
+    NULL), raises `NotReadableError`; so does a table without a history.
+    """
+    from .mirroring.history import HISTORY_NAMES
+
+    ledger = Ledger(spark, target, pipeline)
+    schema, _, name = table.partition(".")
+    path = mirror_path(ledger.root, schema, name, history_path)
+    if not name or not _is_delta(spark, path):
+        raise NotReadableError(f"no history of {table} under {target} (none at {path}): a table has one when "
+                               f"tables.history names it")
+    frame = spark.read.format("delta").load(path)
+    if as_of_lsn is None:
+        return frame
+    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
+    point = _status(spark, target, pipeline, count=False, runs=0).read_point
+    if point is None or at > point:
+        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
+                               f"{'nothing applied' if point is None else Lsn(point)}")
+    first, seeded = frame.agg(F.min("_valid_from_lsn"),
+                              F.min(F.when(F.col("_version_seq").isNull(), F.col("_valid_from_lsn")))).first()
+    if seeded is not None and seeded == first and at < first:
+        raise NotReadableError(f"the history of {table} starts at {Lsn(first)} with its mirror's rows then, after "
+                               f"{Lsn(at)}: it can be read as of {Lsn(first)} or later")
+    valid = (F.col("_valid_from_lsn") <= at) & (F.col("_valid_to_lsn").isNull() | (F.col("_valid_to_lsn") > at))
+    return frame.where(valid).select(*[F.col(quote(c)) for c in frame.columns if c not in HISTORY_NAMES])
 
 
 def started_by_snapshot(spark: SparkSession, path: str) -> bool:

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+import pgoutput_spark
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.errors import ConfigError
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring.delta import mirror_path
+from pgoutput_spark.reading import NotReadableError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.testing.pgcluster import PgCluster
@@ -114,6 +116,32 @@ def test_history_versions_valid_at_any_lsn_equal_the_source_then(spark: Any, pg1
         states[-1][1]["item"]
     (after,) = [r for r in items if r["name"] == "after"]
     assert after["big"] == "big " * 5000  # carried forward from the first run's version
+    # The notebook API: the source as of any LSN up to the read point, from a history; also
+    # one inside a run's commit range, which the mirror's time travel cannot show.
+    point = second.to_lsn
+    for lsn, rows in states:
+        at = min(lsn, point)  # the WAL's position after the last commit: no commit between
+        assert sorted(map(tuple, pgoutput_spark.history(spark, target, "public.item", as_of_lsn=at).collect())) \
+            == rows["item"], Lsn(lsn)
+        if lsn >= first_end:
+            assert sorted(map(tuple, pgoutput_spark.history(spark, target, "public.late", as_of_lsn=at).collect())) \
+                == rows["late"], Lsn(lsn)
+    # At a commit's own LSN: its versions valid from there, the ones it replaced no longer.
+    for commit in sorted({r["_valid_from_lsn"] for r in items} | {r["_valid_to_lsn"] for r in items} - {None}):
+        (rows, *_) = [rows for lsn, rows in states if lsn >= commit]
+        assert sorted(map(tuple, pgoutput_spark.history(spark, target, "public.item", as_of_lsn=commit).collect())) \
+            == rows["item"], Lsn(commit)
+    inside = states[len(FIRST) + 1][0]  # after the second run's first commit, before its last
+    with pytest.raises(NotReadableError, match=r"inside the commits one run applied at once"):
+        pgoutput_spark.mirror(spark, target, "public.item", as_of_lsn=inside)
+    with pytest.raises(NotReadableError, match=r"the history of public\.late starts at .* with its mirror's rows "
+                                               r"then, after .*: it can be read as of"):
+        pgoutput_spark.history(spark, target, "public.late", as_of_lsn=states[0][0])
+    with pytest.raises(NotReadableError, match=r"public\.item is not applied up to .* yet"):
+        pgoutput_spark.history(spark, target, "public.item", as_of_lsn=point + 1)
+    with pytest.raises(NotReadableError, match=r"no history of public\.nope under"):
+        pgoutput_spark.history(spark, target, "public.nope")
+    assert pgoutput_spark.history(spark, target, "public.item").count() == len(items)
     # Idempotent: nothing new, no commit; the same slice again changes nothing either.
     before = commits(item)
     assert run_apply(spark, read_capture(spark, landing), target, tables=both).skipped

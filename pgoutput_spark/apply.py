@@ -667,8 +667,8 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
         conflicted = "conflict" in counts
         if conflicted:  # in halves, an update found no row or left a TOASTed column unchanged
             release(changes)
-            _log.info("%s (history): an update in halves needs its other half, netted in %d tasks: "
-                      "netted again in one", name, tasks)
+            _log.info("%s (history): an update in halves needs its other half, computed in %d tasks: "
+                      "computed again in one", name, tasks)
             changes = history_frame(typed, pre, spec, arrow_schema).persist()
             counts = {"version": changes.where(F.col("_action") == "version").count()}
         merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)

@@ -229,7 +229,7 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
 
 def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str | None = None,
             pipeline: str = "default", history_path: str = DEFAULT_HISTORY_PATH) -> DataFrame:
-    """The history table of source table ``table`` (``schema.table``) under ``target``
+    """The history table of source table ``table`` (``schema.table``, split at its first dot) under ``target``
     (`tables.history`; ``history_path`` as the runs' ``apply.history_path``): every version of
     every row, with its validity.
 

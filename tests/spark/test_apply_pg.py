@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import glob
 import logging
-
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring import delta
 from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
+from pgoutput_spark.mirroring.history import HISTORY_NAMES
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 from pgoutput_spark.testing.pgcluster import PgCluster
@@ -467,8 +467,7 @@ def _assert_histories(spark: Any, target: str, workload: Workload, index: Captur
         versions = spark.read.format("delta").load(
             mirror_path(target, *table, "{root}/_history/{schema}/{table}")).toArrow()
         names = versions.column_names
-        data = [j for j, c in enumerate(names) if not c.startswith("_valid_") and c not in ("_is_current",
-                                                                                             "_version_seq")]
+        data = [j for j, c in enumerate(names) if c not in HISTORY_NAMES]
         rows = list(zip(*(c.to_pylist() for c in versions.columns)))
         since, until = names.index("_valid_from_lsn"), names.index("_valid_to_lsn")
         dropped = workload.dropped.get(table, [])

@@ -199,15 +199,12 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
         path = candidate
     if as_of_lsn is None:
         return spark.read.format("delta").load(path)
-    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
     commits = recorded_commits(spark, path, pipeline)
     runs = [] if not _is_delta(spark, ledger.runs_path) else spark.read.format("delta").load(ledger.runs_path) \
         .where((F.col("pipeline") == pipeline) & F.col("to_lsn").isNotNull()).select("from_lsn", "to_lsn").collect()
     readable = sorted({lsn for _, lsn in commits} | {r["to_lsn"] for r in runs})
     point = state.read_point if state.read_point is not None else max((lsn for _, lsn in commits), default=None)
-    if point is None or at > point:
-        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
-                               f"{'nothing applied' if point is None else Lsn(point)}")
+    at = _applied_at(table, as_of_lsn, point)
     for run in runs:
         if run["from_lsn"] is not None and run["from_lsn"] <= at < run["to_lsn"]:
             before = max((lsn for lsn in readable if lsn < run["from_lsn"]), default=None)
@@ -251,11 +248,7 @@ def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | st
     frame = spark.read.format("delta").load(path)
     if as_of_lsn is None:
         return frame
-    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
-    point = _status(spark, target, pipeline, count=False, runs=0).read_point
-    if point is None or at > point:
-        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
-                               f"{'nothing applied' if point is None else Lsn(point)}")
+    at = _applied_at(table, as_of_lsn, _status(spark, target, pipeline, count=False, runs=0).read_point)
     first, seeded = frame.agg(F.min("_valid_from_lsn"),
                               F.min(F.when(F.col("_version_seq").isNull(), F.col("_valid_from_lsn")))).first()
     if seeded is not None and seeded == first and at < first:
@@ -263,6 +256,16 @@ def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | st
                                f"{Lsn(at)}: it can be read as of {Lsn(first)} or later")
     valid = (F.col("_valid_from_lsn") <= at) & (F.col("_valid_to_lsn").isNull() | (F.col("_valid_to_lsn") > at))
     return frame.where(valid).select(*[F.col(quote(c)) for c in frame.columns if c not in HISTORY_NAMES])
+
+
+def _applied_at(table: str, as_of_lsn: int | str, point: int | None) -> int:
+    """``as_of_lsn`` as an int, checked to be at or before the read ``point`` (`NotReadableError`
+    past it, or when nothing is applied)."""
+    at = int(Lsn(as_of_lsn)) if isinstance(as_of_lsn, str) else int(as_of_lsn)
+    if point is None or at > point:
+        raise NotReadableError(f"{table} is not applied up to {Lsn(at)} yet: the consistent read point is "
+                               f"{'nothing applied' if point is None else Lsn(point)}")
+    return at
 
 
 def started_by_snapshot(spark: SparkSession, path: str) -> bool:

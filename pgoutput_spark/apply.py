@@ -95,6 +95,7 @@ from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, fo
                              to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+from .spark.sessions import Sessions, find_sessions
 from .spark.session import (
     copy_session,
     explains_spark_failures,
@@ -286,15 +287,17 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                 forget_open_streams(spark, ledger.pending_path, lo, forgotten, say)
         # Tuples deferred to the table tasks: the run caches and moves one value per change (its
         # bytes typed as a string, which Spark caches with one copy instead of three).
+        sessions = find_sessions(window, lease.scan.last_session)  # None: the capture does not say
         decoded = decode(window, on_error=on_error, tuples=False, positions=lease.scan, raw_as_string=True,
-                         initially_in_stream=lease.scan.last_stream_xid is not None).persist()
+                         initially_in_stream=lease.scan.last_stream_xid is not None, sessions=sessions).persist()
         # Source column names may differ only in case ("id", "Id"): resolve names exactly while
         # this run builds and merges its frames (the child sessions copy the setting).
         try:
             with temporary_conf(spark, {"spark.sql.caseSensitive": "true"}):
                 result = _run(ledger, decoded, n_messages, lease, run_id, hi, skip_origins, parallelism, started,
                               redone, table_path, table_name, tables or TablesConfig(), say, history_path,
-                              _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed, forgotten)
+                              _Rebuild(canonical, tuple(rebuild), on_error), net_task_rows, landed, forgotten,
+                              sessions)
             return dataclasses.replace(result, note=note, remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
@@ -328,7 +331,7 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
          table_path: str, table_name: str | None, tables: TablesConfig,
          say: Callable[[str], None], history_path: str, rebuild: _Rebuild,
          net_task_rows: int = NET_TASK_ROWS, landed: Landed = Landed(),
-         forgotten: tuple[ForgottenStream, ...] = ()) -> ApplyResult:
+         forgotten: tuple[ForgottenStream, ...] = (), sessions: Sessions | None = None) -> ApplyResult:
     spark, lo = ledger.spark, lease.lo
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     with _step("decode; read relations"):
@@ -338,7 +341,8 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
         # Saved: those that change a relation's schema (most repeat it, one per walsender session).
         new_versions = [v.seq for v in history.add(versions_from_rows(new_meta))]
     with _step("assemble transactions"):
-        assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins)
+        assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins,
+                             sessions=sessions)
     tuples = assembled.pending_tuples
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.
@@ -591,9 +595,10 @@ class _Rebuild:
             plans: dict[int, SchemaPlan], tables: TablesConfig, say: Callable[[str], None]) -> list[TableResult]:
         """Replay every change of the tables up to ``hi`` and replace their mirrors, one commit each."""
         replayed, _ = one_row_per_message(self.capture.where(F.col("seq") <= hi))
+        sessions = find_sessions(replayed, None)
         everything = decode(replayed, on_error=self.on_error, tuples=False, positions=ScanState(),
-                            raw_as_string=True).persist()
-        assembled = assemble(everything, ScanState(), skip_origins=skip_origins)
+                            raw_as_string=True, sessions=sessions).persist()
+        assembled = assemble(everything, ScanState(), skip_origins=skip_origins, sessions=sessions)
         committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []
         try:
@@ -863,7 +868,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     tables = [(t.table, t.path, t.relation_id, t.inserted, t.updated, t.deleted, t.skipped, t.truncated,
                t.status) for t in result.tables]
     applied = result.to_lsn if result.to_lsn is not None else lease.applied_lsn
-    lease_end = (end.last_begin_seq, end.last_stream_xid, applied, list(landed.gone_files))
+    lease_end = (end.last_begin_seq, end.last_stream_xid, applied, list(landed.gone_files), end.last_session)
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
             tables, None, None, result.duration_s, list(landed.new_files), lease_end,

@@ -42,12 +42,15 @@ CaptureFormat = Literal["auto", "parquet", "delta"]
 
 @dataclass(frozen=True)
 class CaptureColumns:
-    """Names of the capture's columns (``xid=None``: the capture has no xid column)."""
+    """Names of the capture's columns (``xid=None``: the capture has no xid column;
+    ``session=None``: none that names each message's walsender session, see
+    `pgoutput_spark.spark.sessions`)."""
 
     seq: str = "seq"
     lsn: str = "lsn"
     data: str = "data"
     xid: str | None = None
+    session: str | None = None
 
     def select(self, capture: DataFrame) -> DataFrame:
         """The capture's contract columns under their canonical names, type-checked."""
@@ -78,6 +81,11 @@ class CaptureColumns:
                     f"capture column {actual!r} (the {canonical} column) is "
                     f"{found.simpleString()}, expected {expected().simpleString()}"
                 )
+        if self.session is not None:
+            if self.session not in fields:
+                raise CaptureError(f"capture has no column {self.session!r} (the session column); it has "
+                                   f"{sorted(fields)}: set the capture column names to match")
+            columns.append(capture[self.session].cast("string").alias("session"))  # any type: compared as text
         return capture.select(*columns)
 
 

@@ -48,6 +48,7 @@ from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_s
                              saved_open_rows, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+from .spark.sessions import Sessions, find_sessions
 from .spark.session import (
     explains_spark_failures,
     local_frame,
@@ -58,7 +59,8 @@ from .spark.session import (
 )
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
-               f"messages long, changes long, at timestamp, new_files array<string>, forgotten {FORGOTTEN}")
+               f"messages long, changes long, at timestamp, new_files array<string>, forgotten {FORGOTTEN}, "
+               "session string")
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,9 @@ class _State:
         frame = read_listed(self.spark, self.runs)
         if "new_files" not in frame.columns:  # a runs table of before the runs recorded their files
             frame = frame.withColumn("new_files", F.lit(None).cast("array<string>"))
-        row = F.struct("lo", "hi", "begin_seq", "stream_xid", "messages")
+        if "session" not in frame.columns:  # nor the walsender session of their last message
+            frame = frame.withColumn("session", F.lit(None).cast("string"))
+        row = F.struct("lo", "hi", "begin_seq", "stream_xid", "messages", "session")
         finished, started = F.col("status") == "finished", F.col("status") == "started"
         seen = F.when(finished, F.col("new_files"))
         last, interrupted, files, recorded = frame.agg(
@@ -142,7 +146,7 @@ class _State:
                forgotten: tuple[ForgottenStream, ...] = ()) -> None:
         row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
                 None if new_files is None else list(new_files),
-                [(f.xid, f.first_seq, f.rows) for f in forgotten] or None)]
+                [(f.xid, f.first_seq, f.rows) for f in forgotten] or None, scan.last_session)]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         append_rows(frame, self.runs)
         if compact_files(self.spark, self.runs):  # a file or two per run; compacted every 25 runs or so:
@@ -193,7 +197,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     canonical = (columns or CaptureColumns()).select(capture)
     with without_codegen(spark):  # one aggregate over the runs' rows: the first Delta read of a new JVM
         last, interrupted, files = state.position()
-    scan_in = ScanState(last["begin_seq"], last["stream_xid"]) if last else ScanState()
+    scan_in = ScanState(last["begin_seq"], last["stream_xid"], last["session"]) if last else ScanState()
     lo = last["hi"] if last else None
     started = interrupted is not None and (lo is None or interrupted["hi"] > lo)
     landed = landed_files(capture, columns or CaptureColumns(), lo, files, state.slices, accept=accept_late_files,
@@ -240,13 +244,15 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
         if forgotten:
             assert lo is not None
             forget_open_streams(spark, state.pending_path, lo, forgotten, say)
+        sessions = find_sessions(window, scan_in.last_session)  # None: the capture does not say
         decoded = decode(window, on_error=on_error, tuples=False, raw_as_string=True,  # decoded in the table tasks
-                         positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None).persist()
+                         positions=scan_in, initially_in_stream=scan_in.last_stream_xid is not None,
+                         sessions=sessions).persist()
         say(f"slice: after {'the start' if lo is None else f'seq {lo}'} up to seq {hi}"
             + (" (redoing an interrupted run)" if started else ""))
         try:
             result = _apply(spark, state, decoded, n_messages, scan_in, lo, hi, skip_origins, say, landed.new_files,
-                            tables or TablesConfig(), on_error, forgotten)
+                            tables or TablesConfig(), on_error, forgotten, sessions)
             return dataclasses.replace(result, redone=bool(started), remaining=remaining, repeated_rows=repeated,
                                        landed=landed)
         finally:
@@ -256,7 +262,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
 def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: int, scan_in: ScanState,
            lo: int | None, hi: int, skip_origins: tuple[str, ...], say: Callable[[str], None],
            new_files: tuple[str, ...], tables: TablesConfig, on_error: OnError,
-           forgotten: tuple[ForgottenStream, ...] = ()) -> ChangesResult:
+           forgotten: tuple[ForgottenStream, ...] = (), sessions: Sessions | None = None) -> ChangesResult:
     meta = decoded.where(F.col("message_type").isin("relation", "type")).select("seq", "relation", "type")
     history = state.history()
     history.type_overrides = tables.types
@@ -265,7 +271,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
     if new_versions:
         txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
                    f"{state.pipeline}:relations", hi)
-    assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins)
+    assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins, sessions=sessions)
     tuples = assembled.pending_tuples
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}

@@ -247,8 +247,9 @@ def _capture(config: Config):  # type: ignore[no-untyped-def]
     spark = _spark(config)
     capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
+    session = config.capture.session_column if config.capture.session_column in capture.columns else None
     columns = CaptureColumns(config.capture.seq_column, config.capture.lsn_column,
-                             config.capture.data_column, xid)
+                             config.capture.data_column, xid, session)
     return spark, capture, columns
 
 
@@ -358,7 +359,8 @@ def run_decode(config: Config, output: str | None = None) -> Any:
 
     spark, capture, columns = _capture(config)
     messages, repeated = one_row_per_message(columns.select(capture))
-    decoded = decode(messages, columns=CaptureColumns(xid=None if columns.xid is None else "xid"),
+    decoded = decode(messages, columns=CaptureColumns(xid=None if columns.xid is None else "xid",
+                                                      session=None if columns.session is None else "session"),
                      on_error=config.decode.on_error,  # type: ignore[arg-type]
                      framing=config.capture.framing)  # type: ignore[arg-type]
     decoded = decoded.persist()

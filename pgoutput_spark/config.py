@@ -29,6 +29,8 @@ class CaptureConfig:
     lsn_column: str = "lsn"
     data_column: str = "data"
     xid_column: str | None = "xid"
+    #: The walsender session of each message (optional; see the README's capture contract).
+    session_column: str | None = "session"
 
     _choices = {"format": ("auto", "parquet", "delta"), "framing": ("auto", "none", "xlogdata")}
 

@@ -29,11 +29,13 @@ class ConcurrentRunError(PgoutputSparkError):
 
 
 LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
-                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>")
+                "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>, "
+                "scan_session string")
 TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
                 "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
 #: What a run's ``_runs`` row records for the lease it hands back (null in rows from before).
-LEASE_END = "struct<scan_begin:long, scan_xid:long, applied_lsn:long, gone_files:array<string>>"
+LEASE_END = ("struct<scan_begin:long, scan_xid:long, applied_lsn:long, gone_files:array<string>, "
+             "scan_session:string>")
 #: The streamed transactions a run forgot (``forget_xids``; null in rows from before).
 FORGOTTEN = "array<struct<xid:long, first_seq:long, rows:long>>"
 RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_lsn long, "
@@ -68,6 +70,7 @@ class Ledger:
         self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
         self._snapshot_rows: list[tuple[int, str, int]] | None = None
         self._lease_has_files = True
+        self._lease_has_session = True
         self.lease_path = f"{self.root}/_pgoutput/lease"
         self.runs_path = f"{self.root}/_runs"
         self.relations_path = f"{self.root}/_pgoutput/relations"
@@ -107,8 +110,8 @@ class Ledger:
 
     def lease(self) -> Lease:
         if not _is_delta(self.spark, self.lease_path):
-            first = local_frame(self.spark, [(self.pipeline, "", "idle", None, None, None, None, None, None, None)],
-                                LEASE_SCHEMA)
+            first = local_frame(self.spark, [(self.pipeline, "", "idle", None, None, None, None, None, None, None,
+                                              None)], LEASE_SCHEMA)
             try:
                 first.write.format("delta").mode("errorifexists").save(self.lease_path)
             except Exception as exc:  # another run created it first: read theirs
@@ -117,14 +120,16 @@ class Ledger:
                                              f"{str(exc).splitlines()[0]}") from exc
         leases = read_listed(self.spark, self.lease_path)
         self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
+        self._lease_has_session = "scan_session" in leases.columns  # nor the walsender session
         rows = leases.where(F.col("pipeline") == self.pipeline).collect()
         if not rows:
             raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
                                      f"the target belongs to another pipeline")
         r = rows[0]
         files = r.asDict().get("files")  # None: no run recorded them (or a lease from before they were)
-        lease = Lease(r["run_id"], r["status"], r["lo"], r["hi"], ScanState(r["scan_begin"], r["scan_xid"]),
-                      r["applied_lsn"], None if files is None else frozenset(files))
+        scan = ScanState(r["scan_begin"], r["scan_xid"], r.asDict().get("scan_session"))
+        lease = Lease(r["run_id"], r["status"], r["lo"], r["hi"], scan, r["applied_lsn"],
+                      None if files is None else frozenset(files))
         return self._handed_back(lease) if lease.status == "running" else lease
 
     def _handed_back(self, lease: Lease) -> Lease:
@@ -144,8 +149,8 @@ class Ledger:
         hi, new, end = rows[0]
         new, gone = tuple(new or ()), tuple(end["gone_files"] or ())
         files = (lease.files or frozenset()).difference(gone) | set(new)  # as the claim will record them
-        return Lease(lease.run_id, "idle", hi, hi, ScanState(end["scan_begin"], end["scan_xid"]),
-                     end["applied_lsn"], files, (new, gone))
+        scan = ScanState(end["scan_begin"], end["scan_xid"], end.asDict().get("scan_session"))
+        return Lease(lease.run_id, "idle", hi, hi, scan, end["applied_lsn"], files, (new, gone))
 
     def _update(self, assignments: dict[str, str], run_id: str, what: str) -> None:
         condition = f"pipeline = {sql_literal(self.pipeline)} AND run_id = {sql_literal(run_id)}"
@@ -188,11 +193,15 @@ class Ledger:
         if not self._lease_has_files:
             self._lease_has_files = True
             self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (files array<string>)")
+        if not self._lease_has_session:
+            self._lease_has_session = True
+            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (scan_session string)")
         seen = "coalesce(files, CAST(array() AS array<string>))"
         if gone:
             seen = f"array_except({seen}, {_string_array(gone)})"
         return {"lo": str(hi), "scan_begin": sql_literal(end.last_begin_seq),
-                "scan_xid": sql_literal(end.last_stream_xid), "applied_lsn": sql_literal(applied_lsn),
+                "scan_xid": sql_literal(end.last_stream_xid), "scan_session": sql_literal(end.last_session),
+                "applied_lsn": sql_literal(applied_lsn),
                 "files": f"array_union({seen}, {_string_array(new)})"}
 
     def own_tables(self) -> list[str]:

@@ -54,6 +54,29 @@ def test_decode_failure_is_one_line_and_exit_1(capsys, tmp_path):
 
 
 @pytest.mark.usefixtures("restore_spark_conf")
+def test_a_capture_s_session_column_is_read_by_its_configured_name(capsys, tmp_path):
+    """Two walsender sessions, the first ending inside a stream block: with the ``session``
+    column (``capture.session_column``'s default) the second session's Stream Start begins a
+    block of its own; without it, it is one inside a block never stopped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .decoder import builders as b
+
+    data = pa.array([b.stream_start(7, True), b.stream_start(7, True), b.stream_stop()], pa.binary())
+    for name, columns in (("with", {"session": ["a", "b", "b"]}), ("without", {})):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"seq": pa.array([0, 1, 2], pa.int64()), "lsn": pa.array([16, 32, 32], pa.int64()),
+                                 "data": data, **columns}), tmp_path / name / "a.parquet")
+    assert main(["decode", "--capture", str(tmp_path / "with")]) == 0
+    assert "messages: 3" in capsys.readouterr().out
+    assert main(["decode", "--capture", str(tmp_path / "without")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "pgoutput-spark: error: StreamStart at seq 1 (lsn 0/20): Stream Start inside a stream block that was "
+        "never stopped")
+
+
+@pytest.mark.usefixtures("restore_spark_conf")
 def test_a_failure_inside_a_spark_task_is_the_same_one_line(capsys, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

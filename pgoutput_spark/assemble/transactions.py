@@ -22,6 +22,11 @@ transaction, never the changes), mirroring ``worker.c``:
   (``stream_abort_internal`` truncates the spooled changes there); an abort
   for an xid never seen is ignored.
 - Stream Commit makes the changes take effect at its own position.
+- The first message of a walsender session (where the capture says which session sent
+  each message: `pgoutput_spark.spark.sessions`) discards every streamed transaction
+  still open, as the apply worker forgets them with its connection: the next session
+  sends each again from its first segment if it commits, and nothing more of it if it
+  aborted meanwhile.
 - Prepare / Stream Prepare hold the changes under their gid; Commit Prepared
   makes them take effect at the Commit Prepared's position; Rollback Prepared
   discards them (and is ignored for a gid never prepared, as the apply worker
@@ -105,6 +110,9 @@ class Ledger:
     #: Seqs of Stream Aborts for a transaction not being streamed (ignored, as the apply worker
     #: does); the assembly finds no transaction for such a row and keeps it as open.
     unmatched_aborts: list[int] = field(default_factory=list)
+    #: Streamed transactions open when their walsender session ended: (xid, the seq of its
+    #: first segment, the seq of the next session's first message).
+    session_ends: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def leaves_open(self) -> bool:
@@ -114,8 +122,12 @@ class Ledger:
 
 
 def resolve(controls: Iterable[Control],
-            first_change: Mapping[tuple[int, int], list[int]]) -> Ledger:
+            first_change: Mapping[tuple[int, int], list[int]],
+            session_starts: Iterable[int] = ()) -> Ledger:
     """Run the state machine over control messages in seq order.
+
+    ``session_starts``: the seqs of the messages that begin a walsender session (see the
+    module doc).
 
     ``first_change[(top_xid, subxid)]`` lists the seqs of the first change of
     subtransaction ``subxid`` in each streamed instance of ``top_xid`` (in seq
@@ -130,7 +142,18 @@ def resolve(controls: Iterable[Control],
     def decide(index: int, **changes: object) -> None:
         ledger.txns[index] = replace(ledger.txns[index], **changes)  # type: ignore[arg-type]
 
+    sessions = sorted(session_starts, reverse=True)
+
+    def sessions_begun(upto: float) -> None:
+        while sessions and sessions[-1] <= upto:  # a session began: what it left open is forgotten
+            start = sessions.pop()
+            for xid, index in streaming.items():
+                decide(index, outcome=Outcome.DISCARDED, decided_seq=start, last_seq=start - 1)
+                ledger.session_ends.append((xid, ledger.txns[index].first_seq, start))
+            streaming.clear()
+
     for c in sorted(controls, key=lambda c: c.seq):
+        sessions_begun(c.seq)
         if c.kind in BEGIN_TYPES or (
                 c.kind is MessageType.STREAM_START and c.first_segment):
             assert c.xid is not None
@@ -199,6 +222,7 @@ def resolve(controls: Iterable[Control],
             index = prepared.pop(c.gid, None)
             if index is not None:  # else: prepared before the slot's consistent point
                 decide(index, outcome=Outcome.DISCARDED, decided_seq=c.seq)
+    sessions_begun(float("inf"))
     return ledger
 
 

@@ -29,14 +29,18 @@ class StreamEvents:
     @classmethod
     def from_messages(cls, seq: np.ndarray, type_byte: np.ndarray,
                       lsn: np.ndarray | None = None, *,
-                      initially_in_stream: bool = False) -> "StreamEvents":
+                      initially_in_stream: bool = False,
+                      session_starts: np.ndarray | None = None) -> "StreamEvents":
         """Build from the (seq, type byte) of any superset of the events, any order.
 
         ``initially_in_stream``: the messages continue a stream block opened
         before the first of them (a run that resumes where the last one
-        stopped inside a block). Raises `StreamStateError` when starts and stops
-        do not alternate (a Stream Start inside a block, or a Stream Stop
-        outside one).
+        stopped inside a block). ``session_starts``: the seqs of messages that
+        begin a walsender session (see `pgoutput_spark.spark.sessions`); a
+        block the session before left open ends there, as a Stream Stop would
+        end it. Raises `StreamStateError` when starts and stops do not
+        alternate within a session (a Stream Start inside a block, or a Stream
+        Stop outside one).
         """
         seq = np.asarray(seq, dtype=np.int64)
         type_byte = np.asarray(type_byte)
@@ -49,19 +53,18 @@ class StreamEvents:
             event_seq = np.concatenate([[np.iinfo(np.int64).min], event_seq])
             is_start = np.concatenate([[True], is_start])
             lsns = None if lsns is None else np.concatenate([[0], lsns])
-        if event_seq.size:
-            # Starts must sit at even positions, stops at odd ones.
-            expected = np.arange(event_seq.size) % 2 == 0
-            wrong = np.flatnonzero(is_start != expected)
-            if wrong.size:
-                i = int(wrong[0])
-                kind = MessageType.STREAM_START if is_start[i] else MessageType.STREAM_STOP
-                reason = ("Stream Start inside a stream block that was never stopped"
-                          if is_start[i] else "Stream Stop outside any stream block")
-                raise StreamStateError(
-                    reason, field=kind.doc_name, offset=0, message_type=kind.doc_name,
-                    seq=int(event_seq[i]), lsn=None if lsns is None else int(lsns[i]))
-        return cls(event_seq, is_start)
+        starts = np.unique(np.asarray(() if session_starts is None else session_starts, dtype=np.int64))
+        bounds = [0, *np.searchsorted(event_seq, starts, side="left").tolist(), event_seq.size]
+        out_seq, out_start, left_open = [], [], False
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if left_open:  # the session before ended inside a block: it stops before this session
+                out_seq.append(np.array([starts[i - 1] - 1], dtype=np.int64))
+                out_start.append(np.array([False]))
+            _check_alternation(event_seq[lo:hi], is_start[lo:hi], None if lsns is None else lsns[lo:hi])
+            out_seq.append(event_seq[lo:hi])
+            out_start.append(is_start[lo:hi])
+            left_open = bool(hi > lo and is_start[hi - 1])
+        return cls(np.concatenate(out_seq), np.concatenate(out_start))
 
     @classmethod
     def empty(cls) -> "StreamEvents":
@@ -77,3 +80,16 @@ class StreamEvents:
             return np.zeros(seq.size, dtype=bool)
         before = np.searchsorted(self.seq, seq, side="left") - 1
         return (before >= 0) & self.is_start[np.maximum(before, 0)]
+
+
+def _check_alternation(seq: np.ndarray, is_start: np.ndarray, lsns: np.ndarray | None) -> None:
+    """Starts must sit at even positions of one session's events, stops at odd ones."""
+    wrong = np.flatnonzero(is_start != (np.arange(seq.size) % 2 == 0))
+    if wrong.size:
+        i = int(wrong[0])
+        kind = MessageType.STREAM_START if is_start[i] else MessageType.STREAM_STOP
+        reason = ("Stream Start inside a stream block that was never stopped"
+                  if is_start[i] else "Stream Stop outside any stream block")
+        raise StreamStateError(
+            reason, field=kind.doc_name, offset=0, message_type=kind.doc_name,
+            seq=int(seq[i]), lsn=None if lsns is None else int(lsns[i]))

@@ -21,7 +21,7 @@ Distributed in three steps, none of which brings changes to the driver:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,7 @@ from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, res
 from ..decoder.protocol import MessageType
 from ..errors import ConfigError
 from .session import local_frame, release
+from .sessions import Sessions
 
 #: Messages that are row changes (or take effect with a transaction).
 CHANGE_TYPES = ("insert", "update", "delete", "truncate")
@@ -74,6 +75,7 @@ class ScanState:
 
     last_begin_seq: int | None = None  # the open Begin / Begin Prepare block, if any
     last_stream_xid: int | None = None  # top xid of the open stream block, if any
+    last_session: str | None = None  # the walsender session of the last message, if the capture says
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def _is_start() -> Column:
     return F.col("message_type") == "stream_start"
 
 
-def _summary(messages: DataFrame, start: ScanState) -> _Summary:
+def _summary(messages: DataFrame, start: ScanState, sessions: Sessions | None = None) -> _Summary:
     boundary = F.col("message_type").isin(*_BOUNDARY)
     stream = F.col("message_type").isin(*_STREAM_EDGES)
     row = messages.agg(
@@ -180,7 +182,7 @@ def _summary(messages: DataFrame, start: ScanState) -> _Summary:
         F.count(F.when(_is_begin(), F.lit(1))).alias("begins"),
         F.count(F.when(_is_start(), F.lit(1))).alias("starts"),
         F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
-        F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid")),
+        F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid"), "seq"),
                  F.when(stream, F.col("seq"))).alias("s"),
     ).first()
     assert row is not None
@@ -189,8 +191,17 @@ def _summary(messages: DataFrame, start: ScanState) -> _Summary:
         end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None
     if row["s"] is not None:
         end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
+    end_session = start.last_session
+    if sessions is not None:
+        end_session = sessions.last if sessions.last is not None else end_session
+        if sessions.starts.size:  # a block or stream a session left open ended with it
+            last_start = int(sessions.starts[-1])
+            if end_begin is not None and end_begin < last_start:
+                end_begin = None
+            if end_xid is not None and (row["s"]["seq"] if row["s"] is not None else -1) < last_start:
+                end_xid = None
     return _Summary(row["lo"] or 0, row["hi"] or 0, row["n"], row["begins"] + row["starts"], row["begins"],
-                    ScanState(end_begin, end_xid))
+                    ScanState(end_begin, end_xid, end_session))
 
 
 def _bucketed(messages: DataFrame, summary: _Summary, rows_per_bucket: int) -> DataFrame:
@@ -260,7 +271,7 @@ def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, D
 
 
 def scan(messages: DataFrame, start: ScanState = ScanState(), *, rows_per_bucket: int = ROWS_PER_BUCKET,
-         lookup_limit: int = LOOKUP_LIMIT) -> tuple[DataFrame, ScanState, int]:
+         lookup_limit: int = LOOKUP_LIMIT, sessions: Sessions | None = None) -> tuple[DataFrame, ScanState, int]:
     """Add ``block_seq`` and ``top_xid`` to decoded messages (see module doc); also the
     state after the last message and the number of blocks (Begin / Begin Prepare) begun.
 
@@ -269,7 +280,7 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *, rows_per_bucket
     Messages that have them already (`decode` with ``positions=start``, the same ``start``)
     are returned as they are.
     """
-    summary = _summary(messages, start)
+    summary = _summary(messages, start, sessions)
     if set(POSITION_COLUMNS) <= set(messages.columns):  # `decode(positions=start)` found them
         return messages, summary.end, summary.begins
     if summary.boundaries <= lookup_limit:
@@ -395,17 +406,21 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
              pending: DataFrame | None = None,
              skip_origins: tuple[str, ...] = (),
              rows_per_bucket: int = ROWS_PER_BUCKET,
-             lookup_limit: int = LOOKUP_LIMIT) -> Assembled:
+             lookup_limit: int = LOOKUP_LIMIT,
+             sessions: Sessions | None = None) -> Assembled:
     """Attach commit positions to the changes of a decoded capture (good rows only).
 
     ``pending`` are the ``open_rows`` of the previous run (already scanned) and
     ``start`` its ``end_state``: together they carry open transactions over.
     Transactions whose origin (Origin message) is in ``skip_origins`` change
-    nothing, as with a subscription's ``origin = none``.
+    nothing, as with a subscription's ``origin = none``. ``sessions``: where the
+    capture's walsender sessions begin (`find_sessions`, given to `decode` too):
+    what a session left open ends with it, as the apply worker forgets it.
     """
     spark = decoded.sparkSession
     messages = decoded.where(F.col("error").isNull())
-    scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit)
+    scanned, end, begins = scan(messages, start, rows_per_bucket=rows_per_bucket, lookup_limit=lookup_limit,
+                                sessions=sessions)
     decoded_columns = [c for c in decoded.columns if c not in POSITION_COLUMNS]
     positioned = set(POSITION_COLUMNS) <= set(decoded.columns)  # then ``scanned`` reads ``decoded`` (cached)
     if pending is not None:
@@ -417,7 +432,8 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
     if not positioned:
         scanned = scanned.persist()
     try:
-        assembled = _assembled(spark, scanned, pending, end, begins, decoded_columns, skip_origins)
+        assembled = _assembled(spark, scanned, pending, end, begins, decoded_columns, skip_origins,
+                               () if sessions is None else sessions.starts.tolist())
         assembled.pending_tuples = _carries_tuples(pending)
         return assembled
     except BaseException:  # nothing cached stays behind a failed run (a notebook's session goes on)
@@ -433,14 +449,19 @@ def _carries_tuples(pending: DataFrame | None) -> bool:
 
 
 def _assembled(spark: SparkSession, scanned: DataFrame, pending: DataFrame | None, end: ScanState,
-               begins: int, decoded_columns: list[str], skip_origins: tuple[str, ...]) -> Assembled:
+               begins: int, decoded_columns: list[str], skip_origins: tuple[str, ...],
+               session_starts: Sequence[int] = ()) -> Assembled:
     """`assemble`'s plans on the ``scanned`` messages (the previous run's ``pending`` among them)."""
     controls = _controls(scanned)
     first_changes = _first_changes(scanned, controls)
-    ledger = resolve(controls, first_changes)
+    ledger = resolve(controls, first_changes, session_starts)
     resent = _begins_of_open_streams(scanned, ledger)
     if resent:
-        ledger = resolve([*controls, *resent], first_changes)
+        ledger = resolve([*controls, *resent], first_changes, session_starts)
+    for xid, first, start in ledger.session_ends:
+        _log.info("streamed transaction %s (since seq %s) was open when its walsender session ended: forgotten "
+                  "at seq %s, where the next session begins (it sends the transaction again if it commits)",
+                  xid, first, start)
     outcomes, discards = _outcomes(spark, ledger)
 
     # Plain and prepared blocks: one row per Begin with its end and origin.

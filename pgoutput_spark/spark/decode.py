@@ -36,6 +36,7 @@ from ..decoder.schema import DECODED_SCHEMA
 from ..decoder.stream import StreamEvents
 from ..errors import ConfigError
 from .assemble import IN_BLOCK_TYPES, LOOKUP_LIMIT, POSITION_COLUMNS, Boundaries, ScanState
+from .sessions import Sessions, find_sessions
 
 OnError = Literal["fail", "quarantine"]
 
@@ -61,7 +62,8 @@ def _message_bytes(data: F.Column, framing: Framing, start: int, length: int) ->
 
 
 def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
-                positions: ScanState | None) -> tuple[StreamEvents, Boundaries | None]:
+                positions: ScanState | None,
+                session_starts: np.ndarray | None = None) -> tuple[StreamEvents, Boundaries | None]:
     """The seqs of all Stream Start / Stop messages of a canonical capture; with ``positions``,
     also its Begin / Begin Prepare seqs and Stream Start xids (`Boundaries`), or None when
     there are more than `LOOKUP_LIMIT` (the scan then takes a window instead).
@@ -79,7 +81,7 @@ def _first_pass(capture: DataFrame, framing: Framing, initially_in_stream: bool,
     events = capture.select(*columns).where(F.col("type_byte").isin(*map(_byte, wanted))).toArrow()
     seq, type_byte = events.column("seq").to_numpy(), _first_bytes(events.column("type_byte"))
     stream = StreamEvents.from_messages(seq, type_byte, events.column("lsn").to_numpy(),
-                                        initially_in_stream=initially_in_stream)
+                                        initially_in_stream=initially_in_stream, session_starts=session_starts)
     if positions is None:
         return stream, None
     keep = type_byte != MessageType.STREAM_STOP
@@ -103,9 +105,9 @@ def _first_bytes(kinds: pa.ChunkedArray) -> np.ndarray:
 
 
 def stream_events(capture: DataFrame, *, framing: Framing = "auto",
-                  initially_in_stream: bool = False) -> StreamEvents:
+                  initially_in_stream: bool = False, sessions: Sessions | None = None) -> StreamEvents:
     """First pass: the seqs of all Stream Start / Stop messages of a canonical capture."""
-    return _first_pass(capture, framing, initially_in_stream, None)[0]
+    return _first_pass(capture, framing, initially_in_stream, None, None if sessions is None else sessions.starts)[0]
 
 
 def _positions(batch: pa.RecordBatch, bounds: Boundaries) -> list[pa.Array]:
@@ -140,6 +142,7 @@ def decode(
     tuples: bool = True,
     positions: ScanState | None = None,
     raw_as_string: bool = False,
+    sessions: Sessions | None = None,
 ) -> DataFrame:
     """Decode a capture DataFrame into one typed row per message.
 
@@ -166,6 +169,10 @@ def decode(
     again, as the apply job's. Spark's column cache copies each binary value
     three times (it takes a value's size by copying it, twice) and a string
     once; with ``tuples=False`` that is every change message.
+    ``sessions``: where the slice's walsender sessions begin (`find_sessions`); a stream
+    block a session left open ends where the next session begins. Without it, a capture
+    with a ``session`` column (`CaptureColumns.session`) is read as one slice from the
+    start of its first session.
     """
     if on_error not in ("fail", "quarantine"):
         raise ConfigError(f"on_error must be 'fail' or 'quarantine', got {on_error!r}")
@@ -173,7 +180,10 @@ def decode(
         raise ConfigError(f"framing must be 'auto', 'none' or 'xlogdata', got {framing!r}")
     canonical = (columns or CaptureColumns()).select(capture)
     has_xid = "xid" in canonical.columns
-    events, bounds = _first_pass(canonical, framing, initially_in_stream, positions)
+    if sessions is None:
+        sessions = find_sessions(canonical, None)
+    events, bounds = _first_pass(canonical, framing, initially_in_stream, positions,
+                                 None if sessions is None else sessions.starts)
     shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start, bounds))
     fail = on_error == "fail"
     fields = [T.StructField("raw", T.StringType()) if f.name == "raw" and raw_as_string else f

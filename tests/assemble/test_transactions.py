@@ -89,3 +89,23 @@ def test_a_transaction_sent_again_whole_voids_its_open_stream(kind):
                       Control(5, M.STREAM_COMMIT, xid=11), Control(6, kind, xid=11), Control(7, kind, xid=10)], {})
     assert [(t.xid, t.outcome, t.decided_seq) for t in ledger.txns] == [
         (10, Outcome.DISCARDED, 7), (11, Outcome.COMMITTED, 5)]
+
+
+def test_a_walsender_session_forgets_the_streamed_transactions_the_one_before_left_open():
+    """The apply worker keeps nothing of a streamed transaction when its connection ends; the
+    next session sends it again from its first segment if it commits, else nothing of it.
+    Prepared transactions outlive the session."""
+    ledger = resolve([start(1, 10), start(3, 11), Control(4, M.PREPARE, xid=12, gid="g", block_seq=2),
+                      start(9, 11), Control(11, M.STREAM_COMMIT, xid=11, commit_lsn=70),
+                      Control(12, M.COMMIT_PREPARED, xid=12, gid="g", commit_lsn=80), start(20, 13)],
+                     {}, session_starts=[7, 15, 25])
+    assert [(t.xid, t.first_seq, t.outcome, t.decided_seq, t.last_seq) for t in ledger.txns] == [
+        (10, 1, Outcome.DISCARDED, 7, 6), (11, 3, Outcome.DISCARDED, 7, 6),
+        (12, 2, Outcome.COMMITTED, 12, None), (11, 9, Outcome.COMMITTED, 11, None),
+        (13, 20, Outcome.DISCARDED, 25, 24)]
+    assert ledger.session_ends == [(10, 1, 7), (11, 3, 7), (13, 20, 25)] and not ledger.leaves_open
+    # A session that begins with nothing open forgets nothing; a later segment of a forgotten
+    # transaction has no first segment to continue.
+    assert resolve([start(1, 10), Control(2, M.STREAM_COMMIT, xid=10)], {}, session_starts=[3]).session_ends == []
+    with pytest.raises(AssemblyError, match="Stream Start at seq 8 continues transaction 10"):
+        resolve([start(1, 10), start(8, 10, first=False)], {}, session_starts=[5])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pgoutput_spark import apply as job
@@ -384,7 +385,8 @@ def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_wri
 
 
 def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(spark, tmp_path):
-    """A lease written before runs recorded the capture's files (no ``files`` column): the
+    """A lease written before runs recorded the capture's files (no ``files`` column, nor the
+    walsender session of ``scan_session``, nor that session in ``_runs``' ``lease_end``): the
     next run cannot tell new files from old, checks none and records them all; the run after
     it finds a retried upload of the first file (the sample capture's files, landed one by
     one; `test_apply_pg.py` lands late files that were never read)."""
@@ -407,8 +409,12 @@ def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(sp
     # The lease as a run of before left it: released (idle) by an UPDATE, without the files.
     old = spark.createDataFrame([("default", lease.run_id, "idle", lease.lo, lease.hi, lease.scan.last_begin_seq,
                                   lease.scan.last_stream_xid, lease.applied_lsn, None)],
-                                LEASE_SCHEMA.replace(", files array<string>", ""))
+                                LEASE_SCHEMA.replace(", files array<string>, scan_session string", ""))
     old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(lease_path)
+    runs = spark.read.format("delta").load(f"{root}/_runs").withColumn(
+        "lease_end", F.col("lease_end").dropFields("scan_session"))
+    runs = spark.createDataFrame(runs.collect(), runs.schema)
+    runs.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(f"{root}/_runs")
     second = run("part-00001.parquet")
     assert (len(second.landed.new_files), second.landed.late_rows) == (2, 0)
     both = ["part-00000.parquet", "part-00001.parquet"]
@@ -418,6 +424,7 @@ def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(sp
     assert (third.landed.late_rows, third.landed.unread) == (183, 0)  # the first file's rows, read by run 1
     assert third.hi == 1808 and third.messages == 73
     assert sorted(Path(f).name for f in spark.read.format("delta").load(lease_path).first()["files"]) == both
+    assert "scan_session" in spark.read.format("delta").load(f"{root}/_runs").schema["lease_end"].dataType.names
 
 
 def test_a_run_row_hands_the_lease_back_and_an_interrupted_run_from_before_that_is_redone_once(spark, tmp_path):
@@ -856,8 +863,6 @@ def test_a_key_override_for_a_table_with_a_key_fails_before_anything_is_written(
 
 def test_backfill_slices_rerun_late_and_out_of_order(spark, tmp_path):
     """Slices by capture partition: the later one first applies both; the earlier one is then skipped."""
-    from pyspark.sql import functions as F
-
     from pgoutput_spark.errors import ConfigError
 
     root = str(tmp_path / "target")
@@ -1067,8 +1072,6 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
 def test_each_of_spark_partition_values_goes_to_its_partition(spark):
     """`rows.halved_net_frame` sends a bucket's rows to one task by a value Spark's hash
     partitioning sends there: Spark's own hash, and its partitions, agree."""
-    from pyspark.sql import functions as F
-
     ints = [0, 1, -1, 42, 7_000_000, 2**31 - 1, -2**31]
     hashed = spark.createDataFrame([(i,) for i in ints], "i int").select(F.hash("i")).collect()
     assert [r[0] for r in hashed] == [mirror_rows.spark_hash_int(i) for i in ints]

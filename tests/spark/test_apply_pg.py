@@ -1000,6 +1000,84 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
         assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {columns} FROM {table}", dbname=db))
 
 
+@pytest.mark.parametrize("cut, runs", [("inside-a-block", 2), ("inside-a-block", 1), ("between-blocks", 1)])
+def test_a_capture_naming_its_walsender_sessions_forgets_what_a_session_left_open(spark, pg15, tmp_path, cut, runs):
+    """A landing that records which walsender session sent each message (its ``session``
+    column). The first session streams two transactions and ends, inside the last stream
+    block (the consumer had confirmed the commit before them) or after it (the one after
+    them); both then abort. The second (a peek after `pg_replication_slot_advance` to that
+    commit) sends again what committed after it: in the first case the two transactions too,
+    from their first segment, and their Stream Aborts; in the second, neither. The apply
+    worker forgets what the first session left open (a block cut off, the two transactions)
+    with the session; so do the runs, where the session changes (inside a run, or between
+    two, which then carry the session in the lease), with nothing asked of them: the mirrors
+    equal PostgreSQL's tables after each run, nothing stays open, and the `changes` job agrees.
+    """
+    db, slot, streaming = _big_and_side(pg15, "apply_sessions")
+    d = Driver(pg15, db)
+    try:
+        d.txn("INSERT INTO side VALUES (1, 'before')")
+        orphans = [d.session(), d.session()]
+        pad = "repeat(md5(g::text), 8)"  # 400 rows of it pass logical_decoding_work_mem (64kB)
+        for i, orphan in enumerate(orphans):
+            orphan.execute(f"INSERT INTO big SELECT g, {pad} FROM generate_series({i * 1000}, {i * 1000 + 399}) g")
+        d.txn("INSERT INTO side VALUES (2, 'beside')")
+        first = pg15.peek_pgoutput(slot, **streaming)
+        for orphan in orphans:
+            orphan.rollback()
+            orphan.close()
+        d.txn("UPDATE side SET v = 'after' WHERE id = 1")
+        d.txn("INSERT INTO big VALUES (5000, 'committed')")
+        d.txn("UPDATE side SET v = 'last' WHERE id IN (1, 2)")
+    finally:
+        d.close()
+    kinds = [m.data[:1] for m in first]
+    last_block = len(kinds) - 1 - kinds[::-1].index(b"S")
+    ended = last_block + 3 if cut == "inside-a-block" else len(first)  # two changes into the block, or all
+    assert (b"E" in kinds[last_block:ended]) == (cut == "between-blocks") and b"c" not in kinds
+    confirmed = [decode_message(m.data).end_lsn for m in first[:ended] if m.data[:1] == b"C"][-1]  # type: ignore[attr-defined]
+    pg15.query("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(Lsn(confirmed))), dbname=db)
+    second = pg15.peek_pgoutput(slot, seq_start=ended, **streaming)
+    pg15.drop_slot(slot, dbname=db)
+    again = {decode_message(m.data).xid for m in second if m.data[:1] in (b"S", b"A")}  # type: ignore[attr-defined]
+    streamed = {decode_message(m.data).xid for m in first if m.data[:1] == b"S"}  # type: ignore[attr-defined]
+    # Confirmed before the two began, the second session streams them again and aborts them;
+    # after them, it sends neither, nor their Stream Aborts.
+    assert len(streamed) == 2 and again == (streamed if cut == "inside-a-block" else set())
+    messages = first[:ended] + second
+    landing, target, feed = tmp_path / "landing", str(tmp_path / "target"), str(tmp_path / "feed")
+    landing.mkdir()
+    # Files cut where the session changes (two runs), or inside the second session (one run).
+    cuts = [0, ended, len(messages)] if runs == 2 else [0, ended + len(second) // 2, len(messages)]
+    index, mirrors, columns = CaptureIndex(messages), Mirrors(spark, target, d.workload), CaptureColumns(
+        session="session_id")
+    results: list[ApplyResult] = []
+    for k, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+        part = messages[lo:hi]
+        pq.write_table(pa.table({
+            "seq": [m.seq for m in part], "lsn": [m.lsn for m in part], "data": [m.data for m in part],
+            "session_id": [f"walsender-{1 if m.seq < ended else 2}" for m in part]}), landing / f"part-{k}.parquet")
+        if runs == 1 and hi != len(messages):
+            continue
+        result = run_apply(spark, read_capture(spark, str(landing)), target, columns=columns)
+        results.append(result)
+        applied = [r.to_lsn for r in results if r.to_lsn is not None][-1]
+        mirrors.assert_equal(*_expected_at(d.workload, index, applied))
+    assert [r.open_rows > 0 for r in results] == [True] * (runs - 1) + [False]
+    state = status(spark, target)
+    # Nothing open; the rows the first of two runs saved stay until a run saves its own.
+    assert state.open_transactions == [] and _saved_open_rows(spark, target) <= {results[-1].lo}
+    assert (state.read_point, state.position) == (results[-1].to_lsn, messages[-1].seq)
+    for table, names in (("big", "id, pad"), ("side", "id, v")):
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
+        assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {names} FROM {table}", dbname=db))
+    assert run_apply(spark, read_capture(spark, str(landing)), target, columns=columns).skipped
+    fed = run_changes(spark, read_capture(spark, str(landing)), feed, columns=columns)
+    assert fed.open_rows == 0 and fed.changes == {"public.big": 1, "public.side": 5}  # each statement's rows once
+    assert [tuple(r) for r in spark.read.format("delta").load(f"{feed}/_changes/public/big")
+            .select("_op", "id").collect()] == [("insert", 5000)]
+
+
 @pytest.mark.parametrize("server", ["pg15", "pg16"])
 def test_capture_lands_transactions_between_streamed_ones_that_stay_open(spark, server, request, tmp_path,
                                                                            monkeypatch):

@@ -146,3 +146,38 @@ def test_capture_contract_errors(spark, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CaptureError, match="can't read capture '.*empty' as parquet"):
         read_capture(spark, str(tmp_path / "empty"))
+
+
+def test_a_session_column_ends_the_stream_block_a_walsender_session_left_open(spark):
+    """A session that ends inside a stream block: the next session's messages are outside it
+    (a Relation and an Insert without the leading xid of a streamed one), as they were sent."""
+    row = b.tuple_data(("t", b"1"))
+    first = [b.stream_start(7, True), b.relation(16384, "public", "t", "d", [(1, "id", 23, -1)], xid=7),
+             b.insert(16384, row, xid=7)]
+    second = [b.begin(0x90, 0, 8), b.relation(16384, "public", "t", "d", [(1, "id", 23, -1)]),
+              b.insert(16384, row), b.commit(0x90, 0x98, 0)]
+    frame = spark.createDataFrame(
+        [(i, 0x80 + i, bytearray(m), 100 + (i >= len(first))) for i, m in enumerate(first + second)],
+        "seq long, lsn long, data binary, connection int")
+    rows = decode(frame, columns=CaptureColumns(session="connection")).orderBy("seq").collect()
+    assert [(r["message_type"], r["in_stream"]) for r in rows] == [
+        ("stream_start", False), ("relation", True), ("insert", True),
+        ("begin", False), ("relation", False), ("insert", False), ("commit", False)]
+    assert [r["relation"]["relation_id"] for r in rows if r["message_type"] == "relation"] == [16384, 16384]
+    # Without it the second session's messages are read as streamed ones, which they are not.
+    with pytest.raises(Exception, match=r"Insert.marker at seq 5 \(lsn 0/85\): expected 'N'"):
+        decode(frame).collect()
+
+
+def test_session_column_errors_name_the_seqs(spark):
+    """Every message names its session; one session's messages follow one another."""
+    def frame(sessions):
+        return spark.createDataFrame([(i, i, bytearray(b.stream_stop()), s) for i, s in enumerate(sessions)],
+                                     "seq long, lsn long, data binary, session string")
+
+    with pytest.raises(CaptureError, match=r"session column is NULL for 2 messages \(first: seq 1\)"):
+        decode(frame(["a", None, "a", None]), columns=CaptureColumns(session="session"))
+    with pytest.raises(CaptureError, match=r"session 'a' \(seqs 0 to 2\) and session 'b' \(seqs 1 to 1\) overlap"):
+        decode(frame(["a", "b", "a"]), columns=CaptureColumns(session="session"))
+    with pytest.raises(CaptureError, match=r"no column 'walsender' \(the session column\)"):
+        decode(frame(["a"]), columns=CaptureColumns(session="walsender"))

@@ -218,7 +218,7 @@ def decode(
                 columns += _positions(out, bounds)
             yield pa.RecordBatch.from_arrays(columns, names=[f.name for f in fields])
 
-    return canonical.mapInArrow(decode_partition, schema)
+    return canonical.drop("session").mapInArrow(decode_partition, schema)  # the sessions are in `events`
 
 
 def raw_bytes(frame: DataFrame) -> F.Column:

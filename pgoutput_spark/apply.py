@@ -92,7 +92,7 @@ from .mirroring.rows import (
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult
 from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
-                             to_forget)
+                             session_end_lines, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.sessions import Sessions, find_sessions
@@ -167,7 +167,9 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     for a table with at most `LOCAL_NET_ROWS` change rows and no history.
 
     ``progress`` hears one line per stage: the slice, transactions and tables
-    found, each table written (the command line prints them on stderr).
+    found, each table written (the command line prints them on stderr), and one per
+    streamed transaction that a walsender session left open (a capture with a ``session``
+    column: `pgoutput_spark.spark.sessions`), forgotten where the next session begins.
 
     ``rebuild`` (``schema.table`` names, as first seen) rebuilds those mirrors
     from the start of the capture: every change of the table up to the run's
@@ -343,6 +345,8 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
     with _step("assemble transactions"):
         assembled = assemble(decoded, lease.scan, pending=ledger.pending(lo), skip_origins=skip_origins,
                              sessions=sessions)
+    for line in session_end_lines(assembled.ledger):
+        say(line)
     tuples = assembled.pending_tuples
     # Only the columns the tables read: caching the other message kinds' (null) columns
     # of a million change rows cost about a second.

@@ -45,7 +45,7 @@ from .mirroring.delta import (
     vacuum_tables,
 )
 from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
-                             saved_open_rows, to_forget)
+                             saved_open_rows, session_end_lines, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.sessions import Sessions, find_sessions
@@ -174,7 +174,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
     run takes the messages whose seq is below the next message's seq plus
     ``max_messages`` and says (``remaining``) when more remain.
-    ``progress`` hears one line for the slice and one per change table written.
+    ``progress`` hears one line for the slice, one per change table written and one per
+    streamed transaction a walsender session left open, forgotten (as by `run_apply`).
 
     Capture files that land after runs wrote past their seqs are checked as by
     `pgoutput_spark.apply.run_apply` (`capture.landed_files`): messages no run read fail
@@ -272,6 +273,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
         txn_append(meta.where(F.col("seq").isin(new_versions)), state.relations_path,
                    f"{state.pipeline}:relations", hi)
     assembled = assemble(decoded, scan_in, pending=state.pending(lo), skip_origins=skip_origins, sessions=sessions)
+    for line in session_end_lines(assembled.ledger):
+        say(line)
     tuples = assembled.pending_tuples
     committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
     counts: dict[str, int] = {}

@@ -126,14 +126,13 @@ def resolve(controls: Iterable[Control],
             session_starts: Iterable[int] = ()) -> Ledger:
     """Run the state machine over control messages in seq order.
 
-    ``session_starts``: the seqs of the messages that begin a walsender session (see the
-    module doc).
-
     ``first_change[(top_xid, subxid)]`` lists the seqs of the first change of
     subtransaction ``subxid`` in each streamed instance of ``top_xid`` (in seq
     order; usually one). Changes themselves are never needed here. Begin and
     Begin Prepare controls are optional: only those whose xid has a streamed
     instance open matter (`BEGIN_TYPES`).
+    ``session_starts``: the seqs of the messages that begin a walsender session (see the
+    module doc).
     """
     ledger = Ledger()
     streaming: dict[int, int] = {}  # top xid -> index in ledger.txns of its open instance

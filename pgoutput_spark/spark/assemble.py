@@ -441,6 +441,13 @@ def assemble(decoded: DataFrame, start: ScanState = ScanState(), *,
         raise
 
 
+def session_end_lines(ledger: Ledger) -> list[str]:
+    """One line per streamed transaction that a walsender session left open (`resolve`)."""
+    return [f"streamed transaction {xid} (since seq {first}) was open when its walsender session ended: "
+            f"forgotten at seq {start}, where the next session begins (which sends it again if it commits)"
+            for xid, first, start in ledger.session_ends]
+
+
 def _carries_tuples(pending: DataFrame | None) -> bool:
     """Whether saved open-transaction rows hold decoded tuples (``change``) where ``raw`` is NULL
     (`Assembled.pending_tuples`): versions before `decode`'s deferred tuples saved them so."""
@@ -458,10 +465,8 @@ def _assembled(spark: SparkSession, scanned: DataFrame, pending: DataFrame | Non
     resent = _begins_of_open_streams(scanned, ledger)
     if resent:
         ledger = resolve([*controls, *resent], first_changes, session_starts)
-    for xid, first, start in ledger.session_ends:
-        _log.info("streamed transaction %s (since seq %s) was open when its walsender session ended: forgotten "
-                  "at seq %s, where the next session begins (it sends the transaction again if it commits)",
-                  xid, first, start)
+    for line in session_end_lines(ledger):
+        _log.info("%s", line)
     outcomes, discards = _outcomes(spark, ledger)
 
     # Plain and prepared blocks: one row per Begin with its end and origin.

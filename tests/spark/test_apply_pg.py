@@ -1059,10 +1059,13 @@ def test_a_capture_naming_its_walsender_sessions_forgets_what_a_session_left_ope
             "session_id": [f"walsender-{1 if m.seq < ended else 2}" for m in part]}), landing / f"part-{k}.parquet")
         if runs == 1 and hi != len(messages):
             continue
-        result = run_apply(spark, read_capture(spark, str(landing)), target, columns=columns)
+        said: list[str] = []
+        result = run_apply(spark, read_capture(spark, str(landing)), target, columns=columns, progress=said.append)
         results.append(result)
         applied = [r.to_lsn for r in results if r.to_lsn is not None][-1]
         mirrors.assert_equal(*_expected_at(d.workload, index, applied))
+        forgotten = sorted(int(line.split()[2]) for line in said if "was open when its walsender session ended" in line)
+        assert forgotten == (sorted(streamed) if hi == len(messages) else []), said  # the run where session 2 begins
     assert [r.open_rows > 0 for r in results] == [True] * (runs - 1) + [False]
     state = status(spark, target)
     # Nothing open; the rows the first of two runs saved stay until a run saves its own.
@@ -1072,7 +1075,9 @@ def test_a_capture_naming_its_walsender_sessions_forgets_what_a_session_left_ope
         mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
         assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {names} FROM {table}", dbname=db))
     assert run_apply(spark, read_capture(spark, str(landing)), target, columns=columns).skipped
-    fed = run_changes(spark, read_capture(spark, str(landing)), feed, columns=columns)
+    said = []
+    fed = run_changes(spark, read_capture(spark, str(landing)), feed, columns=columns, progress=said.append)
+    assert sorted(int(line.split()[2]) for line in said if "walsender session ended" in line) == sorted(streamed)
     assert fed.open_rows == 0 and fed.changes == {"public.big": 1, "public.side": 5}  # each statement's rows once
     assert [tuple(r) for r in spark.read.format("delta").load(f"{feed}/_changes/public/big")
             .select("_op", "id").collect()] == [("insert", 5000)]

@@ -142,15 +142,16 @@ def test_a_file_landed_after_runs_wrote_past_its_seqs_fails_the_run(spark, captu
 
 def test_a_runs_table_from_before_runs_recorded_their_files_goes_on_and_records_them(spark, captured, tmp_path):
     """A runs table without ``new_files`` (as runs before they recorded the files they saw
-    left it): the next run goes on after the last finished run, records every file it sees,
-    and a file landed late after that is checked."""
+    left it) nor ``session`` (the walsender session of a run's last message): the next run
+    goes on after the last finished run, records every file it sees, and a file landed late
+    after that is checked."""
     messages, oracle = captured
     landing, target = tmp_path / "landing", str(tmp_path / "target")
     cut = 900
     _land(messages[:cut], tmp_path, landing, "00")
     first = run_changes(spark, read_capture(spark, str(landing)), target)
     runs = f"{target}/_pgoutput/runs"
-    old = spark.read.format("delta").load(runs).drop("new_files").localCheckpoint()
+    old = spark.read.format("delta").load(runs).drop("new_files", "session").localCheckpoint()
     old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(runs)
     _land(messages[cut:], tmp_path, landing, "01")
     second = run_changes(spark, read_capture(spark, str(landing)), target)
@@ -160,6 +161,7 @@ def test_a_runs_table_from_before_runs_recorded_their_files_goes_on_and_records_
         assert _ours(spark, target, table, expected[table])[1] == expected[table], table
     recorded = spark.read.format("delta").load(runs).where("new_files IS NOT NULL").collect()
     assert [sorted(f.rsplit("/", 1)[-1][:2] for f in r["new_files"]) for r in recorded] == [["00", "01"]]
+    assert "session" in spark.read.format("delta").load(runs).columns
     _land(messages[cut - 5:cut - 4], tmp_path, landing, "00-late")  # a message the first run read: a repeat
     late = run_changes(spark, read_capture(spark, str(landing)), target)
     assert late.skipped and (late.landed.late_rows, late.landed.unread) == (1, 0)

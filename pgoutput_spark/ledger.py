@@ -31,6 +31,9 @@ class ConcurrentRunError(PgoutputSparkError):
 LEASE_SCHEMA = ("pipeline string, run_id string, status string, lo long, hi long, "
                 "scan_begin long, scan_xid long, applied_lsn long, started_at timestamp, files array<string>, "
                 "scan_session string")
+#: The lease's columns that leases of earlier versions lack (the capture files the runs saw, the
+#: walsender session of the last message): the first run that records its end adds them.
+LEASE_ADDED = {"files": "array<string>", "scan_session": "string"}
 TABLE_COUNTS = ("array<struct<table:string, path:string, relation_id:long, inserted:long, "
                 "updated:long, deleted:long, skipped:long, truncated:boolean, status:string>>")
 #: What a run's ``_runs`` row records for the lease it hands back (null in rows from before).
@@ -69,8 +72,7 @@ class Ledger:
     def __init__(self, spark: SparkSession, target: str, pipeline: str) -> None:
         self.spark, self.root, self.pipeline = spark, absolute_path(target.rstrip("/")), pipeline
         self._snapshot_rows: list[tuple[int, str, int]] | None = None
-        self._lease_has_files = True
-        self._lease_has_session = True
+        self._lease_missing: list[str] = []  # `LEASE_ADDED` columns the lease lacks
         self.lease_path = f"{self.root}/_pgoutput/lease"
         self.runs_path = f"{self.root}/_runs"
         self.relations_path = f"{self.root}/_pgoutput/relations"
@@ -119,8 +121,7 @@ class Ledger:
                     raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
                                              f"{str(exc).splitlines()[0]}") from exc
         leases = read_listed(self.spark, self.lease_path)
-        self._lease_has_files = "files" in leases.columns  # not in a lease from before runs recorded them
-        self._lease_has_session = "scan_session" in leases.columns  # nor the walsender session
+        self._lease_missing = [c for c in LEASE_ADDED if c not in leases.columns]
         rows = leases.where(F.col("pipeline") == self.pipeline).collect()
         if not rows:
             raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
@@ -190,12 +191,10 @@ class Ledger:
              files: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, str]:
         """The lease's assignments for a run that ended at ``hi``."""
         new, gone = files
-        if not self._lease_has_files:
-            self._lease_has_files = True
-            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (files array<string>)")
-        if not self._lease_has_session:
-            self._lease_has_session = True
-            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS (scan_session string)")
+        if self._lease_missing:
+            added = ", ".join(f"{c} {LEASE_ADDED[c]}" for c in self._lease_missing)
+            self._lease_missing = []
+            self.spark.sql(f"ALTER TABLE {path_table(self.lease_path)} ADD COLUMNS ({added})")
         seen = "coalesce(files, CAST(array() AS array<string>))"
         if gone:
             seen = f"array_except({seen}, {_string_array(gone)})"

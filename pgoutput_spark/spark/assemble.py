@@ -191,15 +191,13 @@ def _summary(messages: DataFrame, start: ScanState, sessions: Sessions | None = 
         end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None
     if row["s"] is not None:
         end_xid = row["s"]["xid"] if row["s"]["message_type"] == "stream_start" else None
-    end_session = start.last_session
-    if sessions is not None:
-        end_session = sessions.last if sessions.last is not None else end_session
-        if sessions.starts.size:  # a block or stream a session left open ended with it
-            last_start = int(sessions.starts[-1])
-            if end_begin is not None and end_begin < last_start:
-                end_begin = None
-            if end_xid is not None and (row["s"]["seq"] if row["s"] is not None else -1) < last_start:
-                end_xid = None
+    end_session = start.last_session if sessions is None else sessions.last
+    if sessions is not None and sessions.starts.size:  # a block or stream a session left open ended with it
+        last_start = int(sessions.starts[-1])
+        if end_begin is not None and end_begin < last_start:
+            end_begin = None
+        if end_xid is not None and (row["s"]["seq"] if row["s"] is not None else -1) < last_start:
+            end_xid = None
     return _Summary(row["lo"] or 0, row["hi"] or 0, row["n"], row["begins"] + row["starts"], row["begins"],
                     ScanState(end_begin, end_xid, end_session))
 

@@ -11,9 +11,10 @@ of the run holding the lease hands it back: see `Ledger.lease`),
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from .assemble.relations import RelationHistory, versions_from_rows
@@ -47,6 +48,9 @@ RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_
                f"finished_at timestamp, duration_s double, new_files array<string>, lease_end {LEASE_END}, "
                f"forgotten {FORGOTTEN}")
 
+
+#: Reads of a lease that another run is creating, 0.1 s apart, before a run gives up (`Ledger.lease`).
+LEASE_CREATION_WAITS = 50
 
 #: Rows a relations table may hold beyond the versions its history keeps before a run rewrites it.
 REPEATS_REWRITTEN = 1000
@@ -120,9 +124,8 @@ class Ledger:
                 if not _is_delta(self.spark, self.lease_path):
                     raise ConcurrentRunError(f"could not create the lease at {self.lease_path}: "
                                              f"{str(exc).splitlines()[0]}") from exc
-        leases = read_listed(self.spark, self.lease_path)
-        self._lease_missing = [c for c in LEASE_ADDED if c not in leases.columns]
-        rows = leases.where(F.col("pipeline") == self.pipeline).collect()
+        columns, rows = self._lease_rows()
+        self._lease_missing = [c for c in LEASE_ADDED if c not in columns]
         if not rows:
             raise ConcurrentRunError(f"{self.lease_path} holds no lease for pipeline {self.pipeline!r}: "
                                      f"the target belongs to another pipeline")
@@ -132,6 +135,22 @@ class Ledger:
         lease = Lease(r["run_id"], r["status"], r["lo"], r["hi"], scan, r["applied_lsn"],
                       None if files is None else frozenset(files))
         return self._handed_back(lease) if lease.status == "running" else lease
+
+    def _lease_rows(self) -> tuple[list[str], list[Row]]:
+        """The lease table's columns and this pipeline's rows. Another run creating the lease
+        at this moment has its log folder before its first commit, which Delta cannot read
+        yet (``DELTA_NO_COMMITS_FOUND``): wait for that commit (`LEASE_CREATION_WAITS`), then
+        fail with a `ConcurrentRunError`."""
+        for _ in range(LEASE_CREATION_WAITS):
+            try:
+                leases = read_listed(self.spark, self.lease_path)
+                return leases.columns, leases.where(F.col("pipeline") == self.pipeline).collect()
+            except Exception as exc:
+                if "DELTA_NO_COMMITS_FOUND" not in str(exc):
+                    raise
+                time.sleep(0.1)
+        raise ConcurrentRunError(f"another run on {self.root} is creating its lease and has not committed it "
+                                 f"yet; re-run when it has finished")
 
     def _handed_back(self, lease: Lease) -> Lease:
         """``lease`` as the ``_runs`` row of the run holding it left it: a run hands the lease back

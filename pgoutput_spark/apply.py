@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +76,7 @@ from .mirroring.delta import (
     vacuum_tables,
 )
 from .mirroring.history import history_frame, merge_history, plan_history
-from .mirroring.net import TableSpec
+from .mirroring.net import TOAST_CONFLICT_REASON, TableSpec
 from .mirroring.rows import (
     LOCAL_NET_ROWS,
     NET_TASK_ROWS,
@@ -705,13 +706,15 @@ def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
 
 
 def _converted_net(session: SparkSession, committed: DataFrame, oid: int, history: RelationHistory,
-                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool, tasks: int = 1) -> DataFrame:
+                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool, tasks: int = 1,
+                   skipping: np.ndarray | None = None) -> DataFrame:
     """A table's committed change rows converted and netted in one task (`converted_net_frame`),
-    or a multiset's in ``tasks`` tasks (`halved_net_frame`); ``tuples`` as for `relation_rows`."""
+    or in ``tasks`` tasks in halves (`halved_net_frame`, ``skipping`` as there); ``tuples`` as for
+    `relation_rows`."""
     changes = relation_rows(committed, oid, tuples=tuples, transactions=False)
     convert = converter(session, oid, history, arrow_schema)
     if tasks > 1:
-        return halved_net_frame(changes, convert, spec, arrow_schema, tasks)
+        return halved_net_frame(changes, convert, spec, arrow_schema, tasks, skipping)
     return converted_net_frame(changes, convert, spec, arrow_schema)
 
 
@@ -783,20 +786,33 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
                     look_up=((lambda keys, schema: pre_image(session, plan.path, keys, schema, spec))
                              if looks_up else None))
         else:
-            def netted(tasks: int) -> DataFrame:
+            def netted(tasks: int, skipping: np.ndarray | None = None) -> DataFrame:
                 if fused:
                     return _converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples,
-                                          tasks=tasks)
+                                          tasks=tasks, skipping=skipping)
                 assert typed is not None
                 pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
-                return net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halved > 1)
+                return net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halved > 1,
+                                 skipping=skipping)
 
             net, summary = _summarized(name, netted(tasks))
-            if "conflict" in summary:  # netted in halves, an update found no row: again in one task
+            skipping = np.zeros(0, np.int64)
+            passes = 1
+            while "conflict" in summary:  # netted in halves, an update found no row
+                found = _missing_rows(net)
                 release(net)
-                _log.info("%s: an update of a row not there, netted in %d tasks: netted again in one", name, tasks)
-                tasks = 1
-                net, summary = _summarized(name, netted(1))
+                if found is None or passes == HALVES_PASSES:
+                    _log.info("%s: %s, netted in %d tasks (%d passes): netted again in one", name,
+                              "an update moved a row to another task's key with a TOAST column unchanged"
+                              if found is None else "updates of rows not there still found", tasks, passes)
+                    tasks = 1
+                    net, summary = _summarized(name, netted(1))
+                    break
+                skipping = np.union1d(skipping, found)
+                _log.info("%s: %d updates of rows not there, netted in %d tasks: netted again without their new "
+                          "rows", name, found.size, tasks)
+                passes += 1
+                net, summary = _summarized(name, netted(tasks, skipping))
         try:
             truncated = "truncate" in summary
             n_skipped = summary["skipped"]["n"] if "skipped" in summary else 0
@@ -838,6 +854,22 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
     finally:
         if typed is not None:
             release(typed)
+
+
+#: Passes of a table's net change in halves, each of which may find more updates of rows not
+#: there (`net.net_changes`' ``skipping``: leaving their new rows out can make later updates miss
+#: theirs), before the table is netted in one task.
+HALVES_PASSES = 4
+
+
+def _missing_rows(net: DataFrame) -> np.ndarray | None:
+    """The seqs of the updates that found no row in ``net`` (a net change in halves: its
+    ``conflict`` rows), ascending; None if a conflict needs the table in one task (an update that
+    moved a row to another task's key with an unchanged-TOAST column)."""
+    conflicts = net.where(F.col("_action") == "conflict").select("_seq", "_reason").toArrow()
+    if TOAST_CONFLICT_REASON in conflicts.column("_reason").to_pylist():
+        return None
+    return np.unique(np.asarray(conflicts.column("_seq").to_numpy(), dtype=np.int64))
 
 
 def _summarized(name: str, net: DataFrame) -> tuple[DataFrame, dict[str, dict[str, int]]]:

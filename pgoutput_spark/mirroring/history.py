@@ -24,8 +24,8 @@ run and when it ended). One MERGE (`merge_history`) then closes those versions
 and inserts the new ones, idempotent through Delta's transaction identifiers
 like the mirror's. Netted in halves (`net.in_halves`), as a mirror's net change can be, an
 update between buckets is a close in its old key's task and a new version in its new key's; a
-``conflict`` row (`net.CONFLICT_REASON`) then asks for the run in one task, as the mirror's
-does. History needs a key: a table whose identity is the whole
+``conflict`` row then asks for the versions in one task (and the mirror's net change: its rows
+are the history's current ones). History needs a key: a table whose identity is the whole
 row (``REPLICA IDENTITY FULL`` without a ``tables.keys`` override, or no
 identity) is refused. A re-snapshot of the table (`slot.snapshot`) brings its
 history to the new mirror's rows (`resnapshot_history`).

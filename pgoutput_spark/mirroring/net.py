@@ -467,12 +467,17 @@ def prepare(rows: pa.Table, spec: TableSpec) -> Prepared:
 #: away), its new half (the row it leaves).
 WHOLE, OLD_HALF, NEW_HALF = 0, 1, 2
 
-#: The reason of a ``conflict`` row (`net_changes` with ``halves``).
+#: The reasons of ``conflict`` rows (`net_changes` with ``halves``): an update's old half that
+#: found no row (`net_changes`' ``skipping`` settles it), a new half whose unchanged-TOAST values
+#: are in its old half's task (only one task settles that).
 CONFLICT_REASON = ("the row an update looks up is not there, and its new row went to another task: "
-                   "the table's net change must be computed in one task")
+                   "the table's net change must be computed again without that new row")
+TOAST_CONFLICT_REASON = ("an update moves a row to another task's key, leaving a TOAST column unchanged: "
+                         "the table's net change must be computed in one task")
 
 
-def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None) -> pa.Table:
+def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None,
+                skipping: np.ndarray | None = None) -> pa.Table:
     """The net outcome of a run for one table (see module doc). ``rows`` need not be sorted.
 
     ``halves`` (rows spread over tasks by the key each change looks up, `in_halves`; one int8
@@ -483,13 +488,28 @@ def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = 
     (by induction over the commit order: every change before one finds what it would find in
     one task). A skipped old half is
     the one case where a new half elsewhere was wrongly applied: it comes out as a ``conflict``
-    row (`CONFLICT_REASON`), and the caller nets the table again in one task. A keyed table's
-    new half with unchanged-TOAST columns (whose values are in the old row's task) is one too.
+    row (`CONFLICT_REASON`). A keyed table's new half with unchanged-TOAST columns (whose values
+    are in the old row's task) is one too (`TOAST_CONFLICT_REASON`): the caller nets that table
+    again in one task.
+
+    ``skipping``: the seqs of updates known to find no row (an earlier pass's ``conflict`` rows
+    of the first kind, ascending). Their new halves are left out, their old halves come out as
+    ``skipped``. Leaving rows out can only make later changes find fewer, so each pass's states
+    hold every row one task's would: a pass whose old halves all find their rows (no
+    ``conflict``) gives what one task gives, skipped changes included.
     """
+    if halves is not None and skipping is not None and skipping.size and rows.num_rows:
+        seqs = np.asarray(rows.column("_seq").to_numpy(), dtype=np.int64)
+        known = np.isin(seqs, skipping)
+        keep = ~(known & (halves == NEW_HALF))
+        if not keep.all():
+            rows, halves, known = rows.filter(pa.array(keep)), halves[keep], known[keep]
+    else:
+        known = None
     p = prepare(rows, spec)
     if spec.mode == "keyed":
-        return _keyed(p, spec, halves)
-    return _multiset(p, halves)
+        return _keyed(p, spec, halves, known)
+    return _multiset(p, halves, known)
 
 
 def _walk_ops(op: np.ndarray, halves: np.ndarray | None) -> np.ndarray:
@@ -502,17 +522,21 @@ def _walk_ops(op: np.ndarray, halves: np.ndarray | None) -> np.ndarray:
     return op
 
 
-def _conflicts(skipped: np.ndarray, halves: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The walk's ``skipped`` changes as (conflicts: the skipped old halves, the others)."""
+def _conflicts(skipped: np.ndarray, halves: np.ndarray | None,
+               known: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The walk's ``skipped`` changes as (conflicts: the skipped old halves not ``known`` to be
+    skipped, the others)."""
     if halves is None or not skipped.size:
         return skipped[:0], skipped
     split = halves[skipped] == OLD_HALF
+    if known is not None:
+        split &= ~known[skipped]
     return skipped[split], skipped[~split]
 
 
-def _conflict_frame(schema: pa.Schema, p: Prepared, conflicts: np.ndarray) -> pa.Table:
+def _conflict_frame(schema: pa.Schema, p: Prepared, conflicts: np.ndarray, reason: str) -> pa.Table:
     cols = {name: pa.nulls(conflicts.size, p.data[name].type) for name in p.names}
-    return _frame(schema, "conflict", p, conflicts, [CONFLICT_REASON] * conflicts.size, cols)
+    return _frame(schema, "conflict", p, conflicts, [reason] * conflicts.size, cols)
 
 
 #: Leading bytes of a byte string that `key_hashes` reads (equal strings have equal ones): a
@@ -612,7 +636,8 @@ def _skipped_reason(op: str, unchanged: bool) -> str:
     return reason
 
 
-def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None) -> pa.Table:
+def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None,
+           known: np.ndarray | None = None) -> pa.Table:
     n = p.rows.num_rows
     slot = np.full(n, -1, dtype=np.int64)
     toasted_rows = np.unique(p.unchanged_rows)  # the rows with unchanged-TOAST columns, ascending
@@ -625,9 +650,9 @@ def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None) -> pa
     state, last, listed, skipped, truncated_at = keyed_walk(
         p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes, slot,
         toast_starts, pair_columns, sources)
-    conflicts, skipped = _conflicts(skipped, halves)
-    if halves is not None:  # a new half's unchanged TOAST values are in its old half's task
-        conflicts = np.union1d(conflicts, toasted_rows[halves[toasted_rows] == NEW_HALF])
+    conflicts, skipped = _conflicts(skipped, halves, known)
+    # A new half's unchanged TOAST values are in its old half's task.
+    toast_conflicts = toasted_rows[halves[toasted_rows] == NEW_HALF] if halves is not None else toasted_rows[:0]
     truncated_at = int(truncated_at)
 
     now = state[listed]
@@ -659,7 +684,9 @@ def _keyed(p: Prepared, spec: TableSpec, halves: np.ndarray | None = None) -> pa
             cols[k] = arr.take(positions).combine_chunks()
         parts.append(_frame(schema, "delete", p, last[deletes], None, cols))
     if conflicts.size:
-        parts.append(_conflict_frame(schema, p, conflicts))
+        parts.append(_conflict_frame(schema, p, conflicts, CONFLICT_REASON))
+    if toast_conflicts.size:
+        parts.append(_conflict_frame(schema, p, toast_conflicts, TOAST_CONFLICT_REASON))
     return _ending(parts, schema, p, skipped, slot[skipped] >= 0, truncated_at)
 
 
@@ -688,12 +715,12 @@ def _skipped_frame(schema: pa.Schema, p: Prepared, rows: np.ndarray, toast: np.n
     return _frame(schema, "skipped", p, rows, reasons, cols)
 
 
-def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
+def _multiset(p: Prepared, halves: np.ndarray | None = None, known: np.ndarray | None = None) -> pa.Table:
     n = p.rows.num_rows
     pre, count, rep, last, listed, skipped, truncated_at = multiset_walk(
         p.commit_order, _walk_ops(p.op, halves), p.codes[:n], p.codes[n:], p.has_old_rows, p.n_codes)
     truncated_at = int(truncated_at)
-    conflicts, skipped = _conflicts(skipped, halves)
+    conflicts, skipped = _conflicts(skipped, halves, known)
 
     # Per code now holding a count: rows to insert (more than before), or all of the
     # mirror's copies deleted and the ones left inserted again (fewer than before).
@@ -717,7 +744,7 @@ def _multiset(p: Prepared, halves: np.ndarray | None = None) -> pa.Table:
                             inserted=grows[of].astype(np.int64),
                             deleted=np.where(delete_all, (before - final)[of], 0).astype(np.int64)))
     if conflicts.size:
-        parts.append(_conflict_frame(schema, p, conflicts))
+        parts.append(_conflict_frame(schema, p, conflicts, CONFLICT_REASON))
     return _ending(parts, schema, p, skipped, None, truncated_at)
 
 

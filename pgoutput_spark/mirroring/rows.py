@@ -94,17 +94,17 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
 
 def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
               arrow_schema: pa.Schema, *, tasks: int = 1, moved: list[tuple[int, int]] | None = None,
-              halves: bool = False) -> DataFrame:
+              halves: bool = False, skipping: np.ndarray | None = None) -> DataFrame:
     """The run's net rows for one table (schema `net.out_schema`), computed in one task, or
     spread over ``tasks`` tasks by key (`by_key`, with ``moved`` from `moved_buckets`, or in
-    ``halves``: see `net.net_changes`, whose ``conflict`` rows then ask the caller for one
-    task).
+    ``halves``: see `net.net_changes`, whose ``conflict`` rows then ask the caller for another
+    pass with more updates ``skipping``, or for one task).
 
     ``pre`` is the `pre_image`, None when no row of the mirror can be looked up
     (a new mirror, or a run with inserts only).
     """
     def compute(rows: pa.Table, halved: np.ndarray | None = None) -> pa.Table:
-        return net_changes(rows, spec, halves=halved)
+        return net_changes(rows, spec, halves=halved, skipping=skipping if halved is not None else None)
 
     return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), compute,
                     spec=spec, tasks=tasks, moved=moved, halves=halves)
@@ -218,7 +218,8 @@ def _blob(batch: pa.RecordBatch) -> pa.Array:
 
 
 def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.RecordBatch],
-                     spec: TableSpec, arrow_schema: pa.Schema, tasks: int) -> DataFrame:
+                     spec: TableSpec, arrow_schema: pa.Schema, tasks: int,
+                     skipping: np.ndarray | None = None) -> DataFrame:
     """`converted_net_frame` over ``tasks`` tasks (`halved_tasks`): a task per
     partition of ``changes`` (cached rows: no shuffle before it) converts its raw change rows and
     sends each row to the task of its bucket (`net.in_halves`: an update whose new row is in
@@ -229,7 +230,8 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
     conversion and the net change are spread over tasks, where one task did both for the whole
     table and had to hold all of its rows.
     A bucket whose update finds no row cannot know whether another bucket applied its new row
-    (see `net_changes`): it says ``conflict``, and the caller nets the table in one task.
+    (see `net_changes`): it says ``conflict``, and the caller nets the table again with those
+    updates ``skipping``.
     """
     partition = spark_partition_values(tasks)
     halved_schema = arrow_schema.append(pa.field(_HALF, pa.int8()))
@@ -252,7 +254,7 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
         table = pa.concat_tables(parts) if parts else halved_schema.empty_table()
         halves = np.asarray(table.column(_HALF).to_numpy(), dtype=np.int8)
         rows = pa.Table.from_arrays(table.columns[:-1], schema=arrow_schema)
-        yield from net_changes(rows, spec, halves=halves).to_batches(max_chunksize=10_000)
+        yield from net_changes(rows, spec, halves=halves, skipping=skipping).to_batches(max_chunksize=10_000)
 
     blobs = changes.mapInArrow(split, f"{_PARTITION} int, {_BLOBS} binary")
     return blobs.repartition(tasks, _PARTITION).mapInArrow(

@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -867,7 +868,7 @@ def _missing_rows(net: DataFrame) -> np.ndarray | None:
     ``conflict`` rows), ascending; None if a conflict needs the table in one task (an update that
     moved a row to another task's key with an unchanged-TOAST column)."""
     conflicts = net.where(F.col("_action") == "conflict").select("_seq", "_reason").toArrow()
-    if TOAST_CONFLICT_REASON in conflicts.column("_reason").to_pylist():
+    if pc.any(pc.equal(conflicts.column("_reason"), TOAST_CONFLICT_REASON)).as_py():
         return None
     return np.unique(np.asarray(conflicts.column("_seq").to_numpy(), dtype=np.int64))
 

@@ -104,7 +104,7 @@ def net_frame(typed: DataFrame, pre: DataFrame | None, spec: TableSpec,
     (a new mirror, or a run with inserts only).
     """
     def compute(rows: pa.Table, halved: np.ndarray | None = None) -> pa.Table:
-        return net_changes(rows, spec, halves=halved, skipping=skipping if halved is not None else None)
+        return net_changes(rows, spec, halves=halved, skipping=skipping)  # skipping counts only in halves
 
     return in_tasks(typed, pre, arrow_schema, out_schema(arrow_schema), compute,
                     spec=spec, tasks=tasks, moved=moved, halves=halves)

@@ -113,6 +113,7 @@ def build_spark_session(
     spark.sparkContext.setLogLevel("WARN")
     # Kept for `spark_failure`, which may have to name it after the JVM is gone.
     _driver_memory[0] = spark.sparkContext.getConf().get("spark.driver.memory", None)
+    _quiet_accumulator_server(spark.sparkContext)
     return spark
 
 
@@ -352,6 +353,26 @@ def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
         f"Spark stopped during the run ({how}; Spark's log above says why, java.lang.OutOfMemoryError "
         f"if the driver ran out of memory, spark.driver.memory {memory}); the next run redoes this "
         f"run's slice, as after any interrupted run. If memory was the cause, {remedy}")
+
+
+def _quiet_accumulator_server(sc: SparkContext) -> None:
+    """Keep ``sc``'s accumulator server (pyspark's socket server that takes the tasks' updates
+    from the JVM) from printing a traceback when the JVM's end of its connection closes: a JVM
+    that stops its context under a live Python driver (out of memory, exit code 52) leaves the
+    server's thread to find the end of its stream, and its ``EOFError`` trace came out around
+    the one-line error the command prints (`spark_failure`). A closed connection carries no
+    update; any other error of the server is still printed."""
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is None or getattr(server, "_pgoutput_spark_quiet", False):
+        return
+    printed = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):
+            printed(request, client_address)
+
+    server.handle_error = handle_error
+    server._pgoutput_spark_quiet = True
 
 
 #: Spark's error for a file it could not read, and the first cause under it.

@@ -76,7 +76,7 @@ from .mirroring.delta import (
     txn_append,
     vacuum_tables,
 )
-from .mirroring.history import history_frame, merge_history, plan_history
+from .mirroring.history import TOAST_CONFLICT, history_frame, merge_history, plan_history
 from .mirroring.net import TOAST_CONFLICT_REASON, TableSpec
 from .mirroring.rows import (
     LOCAL_NET_ROWS,
@@ -655,7 +655,9 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
                    halves: bool = False, name: str = "") -> tuple[int, bool]:
     """The run's versions into the history table (created, or seeded from an existing mirror, first),
     computed in ``tasks`` tasks (``moved`` and ``halves`` as for `net_frame`): their number, and
-    whether the halves conflicted (computed again in one task then, see `history_changes`)."""
+    whether the halves needed one task in the end (`history_changes`' conflicts: passes without
+    the new versions of updates that found no row, as a mirror's net change in halves takes;
+    one task for a key change that leaves a TOASTed column unchanged, or after `HALVES_PASSES`)."""
     seed = not past.exists and plan.exists
     apply_schema(session, past)
     if seed:  # history starts now: the mirror's rows are the current versions, from where it stands
@@ -672,20 +674,42 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
         if kinds.keys() & {"update", "delete", "truncate"}:
             keys = None if "truncate" in kinds else looked_up(typed, spec)  # a truncate ends every version
             pre = pre_image(session, past.path, keys, typed.schema, spec, current_only=True)
-    changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halves).persist()
-    try:
-        counts = {r["_action"]: r["n"] for r in changes.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
-        conflicted = "conflict" in counts
-        if conflicted:  # in halves, an update found no row or left a TOASTed column unchanged
+
+    def computed(tasks: int, skipping: np.ndarray | None = None) -> tuple[DataFrame, dict[str, int]]:
+        changes = history_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halves,
+                                skipping=skipping).persist()
+        try:
+            return changes, {r["_action"]: r["n"] for r in
+                             changes.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+        except BaseException:
             release(changes)
-            _log.info("%s (history): an update in halves needs its other half, computed in %d tasks: "
-                      "computed again in one", name, tasks)
-            changes = history_frame(typed, pre, spec, arrow_schema).persist()
-            counts = {"version": changes.where(F.col("_action") == "version").count()}
+            raise
+
+    changes, counts = computed(tasks)
+    try:
+        skipping = np.zeros(0, np.int64)
+        passes, one_task = 1, False
+        while "conflict" in counts or TOAST_CONFLICT in counts:  # in halves: see `history_changes`
+            found = None if TOAST_CONFLICT in counts else np.unique(np.asarray(
+                changes.where(F.col("_action") == "conflict").select("_version_seq").toArrow()
+                .column(0).to_numpy(), dtype=np.int64))
+            release(changes)
+            if found is None or passes == HALVES_PASSES:
+                _log.info("%s (history): %s, computed in %d tasks (%d passes): computed again in one", name,
+                          "an update moved a row to another task's key with a TOAST column unchanged"
+                          if found is None else "updates of rows not there still found", tasks, passes)
+                one_task = True
+                changes, counts = computed(1)
+                break
+            skipping = np.union1d(skipping, found)
+            _log.info("%s (history): %d updates of rows not there, computed in %d tasks: computed again "
+                      "without their new versions", name, found.size, tasks)
+            passes += 1
+            changes, counts = computed(tasks, skipping)
         merge_history(session, past.path, changes, spec, app_id=app_id, version=to_lsn, metadata=metadata)
     finally:
         release(changes)
-    return counts.get("version", 0), conflicted
+    return counts.get("version", 0), one_task
 
 
 def _catalog_names(spark: SparkSession, template: str, history: RelationHistory,
@@ -772,10 +796,10 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
         if past is not None and history_done is None:
             assert typed is not None
             with _step(f"{name}: history"):
-                versions, conflicted = _write_history(session, ledger.pipeline, typed, past, plan, spec,
-                                                      arrow_schema, kinds, history_app_id, to_lsn, metadata, tasks,
-                                                      moved, halves=halved > 1, name=name)
-            if conflicted:  # the mirror's halves would conflict as well: its rows are the history's current ones
+                versions, one_task = _write_history(session, ledger.pipeline, typed, past, plan, spec,
+                                                    arrow_schema, kinds, history_app_id, to_lsn, metadata, tasks,
+                                                    moved, halves=halved > 1, name=name)
+            if one_task:  # the mirror's halves would need one task as well: its rows are the history's current ones
                 tasks = 1
         if done is not None:
             return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
@@ -857,9 +881,9 @@ def _mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, h
             release(typed)
 
 
-#: Passes of a table's net change in halves, each of which may find more updates of rows not
-#: there (`net.net_changes`' ``skipping``: leaving their new rows out can make later updates miss
-#: theirs), before the table is netted in one task.
+#: Passes of a table's net change in halves (and of a history's versions), each of which may
+#: find more updates of rows not there (`net.net_changes`' ``skipping``: leaving their new rows
+#: out can make later updates miss theirs), before the table is netted in one task.
 HALVES_PASSES = 4
 
 

@@ -23,11 +23,12 @@ replaced them too) and ``close`` rows (the key of a version from an earlier
 run and when it ended). One MERGE (`merge_history`) then closes those versions
 and inserts the new ones, idempotent through Delta's transaction identifiers
 like the mirror's. Netted in halves (`net.in_halves`), as a mirror's net change can be, an
-update between buckets is a close in its old key's task and a new version in its new key's; a
-``conflict`` row then asks for the versions in one task (and the mirror's net change: its rows
-are the history's current ones). History needs a key: a table whose identity is the whole
-row (``REPLICA IDENTITY FULL`` without a ``tables.keys`` override, or no
-identity) is refused. A re-snapshot of the table (`slot.snapshot`) brings its
+update between buckets is a close in its old key's task and a new version in its new key's. An
+update whose row is not there then says ``conflict``: the versions are computed again without
+its new version, as a mirror's net change is (`net.net_changes`' ``skipping``); a key change that
+leaves a TOASTed column unchanged says `TOAST_CONFLICT`, and only one task settles it. History
+needs a key: a table whose identity is the whole row (``REPLICA IDENTITY FULL`` without a
+``tables.keys`` override, or no identity) is refused. A re-snapshot of the table (`slot.snapshot`) brings its
 history to the new mirror's rows (`resnapshot_history`).
 """
 
@@ -40,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..assemble.typed import change_schema, data_fields
-from .net import NEW_HALF, OLD_HALF, TableSpec, _provenance, prepare
+from .net import NEW_HALF, OLD_HALF, TableSpec, _provenance, leave_out, prepare
 
 #: The history's own columns, after the table's columns.
 HISTORY_NAMES = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from_ts", "_valid_to_ts", "_is_current",
@@ -65,23 +66,33 @@ def plan_history(spark: Any, path: str, name: str, columns: list[tuple[str, pa.D
                        remedy="Move the history table away: the next run starts a new one from the mirror's rows")
 
 
+#: The ``_action`` of `history_changes`' rows for a new half whose unchanged-TOAST values are in
+#: its old half's task (``conflict``: an old half that found no row, which another pass settles).
+TOAST_CONFLICT = "toast_conflict"
+
+
 def history_schema(changes: pa.Schema) -> pa.Schema:
-    """``_action`` (version | close), the table's columns, then `HISTORY_NAMES`."""
+    """``_action`` (version | close, or conflict | toast_conflict in halves), the table's
+    columns, then `HISTORY_NAMES`."""
     return pa.schema([pa.field("_action", pa.string()), *data_fields(changes),
                       *history_fields(changes.field("_commit_ts").type)])
 
 
-def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None) -> pa.Table:
+def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = None,
+                    skipping: np.ndarray | None = None) -> pa.Table:
     """The run's new versions and the closes of earlier versions, for one keyed table (module doc).
 
-    ``halves`` as for `net.net_changes`: an update's old half ends its row's version as a delete
-    would, its new half opens the new key's version as an insert would. An old half that finds
-    no row, or a new half with unchanged-TOAST columns (their values are in the old half's
-    task), comes out as a ``conflict`` row (its seq in ``_version_seq``): the caller computes
-    the table's history again in one task.
+    ``halves`` and ``skipping`` as for `net.net_changes`: an update's old half ends its row's
+    version as a delete would, its new half opens the new key's version as an insert would. An
+    old half that finds no row comes out as a ``conflict`` row (its seq in ``_version_seq``):
+    the caller computes the versions again with it ``skipping`` (its new half left out, its old
+    half ignored, as one task ignores an update of a row not there). A new half with
+    unchanged-TOAST columns (their values are in the old half's task) comes out as a
+    `TOAST_CONFLICT` row: the caller computes the table's history again in one task.
     """
     if spec.mode != "keyed":
         raise ValueError("history needs a keyed table")
+    rows, halves, known = leave_out(rows, halves, skipping)
     p = prepare(rows, spec)
     commit_seq = p.rows.column("_commit_seq").to_numpy()
     commit_lsn = p.rows.column("_commit_lsn").to_numpy(zero_copy_only=False)
@@ -91,7 +102,8 @@ def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | Non
     opened: dict[int, tuple[int, Any]] = {}  # code -> (row that opened the run's version, provenance)
     closed: dict[int, int] = {}  # code -> row that ended the earlier run's version of that key
     versions: list[tuple[Any, int, int | None]] = []  # (provenance, opening row, closing row)
-    conflicts: list[int] = []  # halves that cannot be computed apart from their other half
+    conflicts: list[int] = []  # old halves that found no row, and their new halves went on elsewhere
+    toast: list[int] = []  # new halves whose unchanged-TOAST values are in their old halves' tasks
     half = halves.tolist() if halves is not None else None
     truncated = False
 
@@ -120,7 +132,7 @@ def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | Non
         new = p.new_code[i]
         if half is not None and half[i] == NEW_HALF:  # the row its update leaves: an insert
             if p.unchanged.get(i):
-                conflicts.append(i)
+                toast.append(i)
             op = "insert"
         if op == "insert":
             close(new, i)
@@ -130,8 +142,8 @@ def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | Non
         src = p.old_code[i] if p.has_old[i] else new
         current = state[src] if src in state else (None if truncated else pre.get(src))
         if current is None:
-            if half is not None and half[i] == OLD_HALF:  # its new half went on elsewhere
-                conflicts.append(i)
+            if half is not None and half[i] == OLD_HALF and not (known is not None and known[i]):
+                conflicts.append(i)  # its new half went on elsewhere
             continue  # no such row: the mirror skips and records it
         close(src, i)
         state[src] = None
@@ -180,12 +192,13 @@ def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | Non
             "_version_seq": pa.nulls(len(closed), pa.int64()),
         }
         parts.append(_table(schema, "close", cols, meta))
-    if conflicts:
-        at = np.array(conflicts, np.int64)
-        cols = {name: pa.nulls(at.size, p.data[name].type) for name in p.names}
-        meta = {name: pa.nulls(at.size, schema.field(name).type) for name in HISTORY_NAMES}
-        meta["_version_seq"] = pa.array(p.seqs[at], pa.int64())
-        parts.append(_table(schema, "conflict", cols, meta))
+    for action, found in (("conflict", conflicts), (TOAST_CONFLICT, toast)):
+        if found:
+            at = np.array(found, np.int64)
+            cols = {name: pa.nulls(at.size, p.data[name].type) for name in p.names}
+            meta = {name: pa.nulls(at.size, schema.field(name).type) for name in HISTORY_NAMES}
+            meta["_version_seq"] = pa.array(p.seqs[at], pa.int64())
+            parts.append(_table(schema, action, cols, meta))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
@@ -201,15 +214,17 @@ def _table(schema: pa.Schema, action: str, cols: dict[str, pa.Array], meta: dict
 
 
 def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema, *, tasks: int = 1,
-                  moved: list[tuple[int, int]] | None = None, halves: bool = False) -> Any:
+                  moved: list[tuple[int, int]] | None = None, halves: bool = False,
+                  skipping: np.ndarray | None = None) -> Any:
     """`history_changes` of a table's run in one Spark task, or in ``tasks`` by key (as
     `rows.net_frame`: a key's versions depend on its own changes and the truncates only), the
     buckets an update moves a row between joined (``moved``) or the update in ``halves``
-    (then a ``conflict`` row asks for one task, see `history_changes`)."""
+    (then ``conflict`` rows ask for another pass with more updates ``skipping``, and a
+    `TOAST_CONFLICT` row for one task, see `history_changes`)."""
     from .rows import in_tasks
 
     def compute(rows: pa.Table, halved: np.ndarray | None = None) -> pa.Table:
-        return history_changes(rows, spec, halves=halved)
+        return history_changes(rows, spec, halves=halved, skipping=skipping)
 
     return in_tasks(typed, pre, arrow_schema, history_schema(arrow_schema), compute, spec=spec, tasks=tasks,
                     moved=moved, halves=halves)

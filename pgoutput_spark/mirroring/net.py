@@ -498,18 +498,26 @@ def net_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | None = 
     hold every row one task's would: a pass whose old halves all find their rows (no
     ``conflict``) gives what one task gives, skipped changes included.
     """
-    if halves is not None and skipping is not None and skipping.size and rows.num_rows:
-        seqs = np.asarray(rows.column("_seq").to_numpy(), dtype=np.int64)
-        known = np.isin(seqs, skipping)
-        keep = ~(known & (halves == NEW_HALF))
-        if not keep.all():
-            rows, halves, known = rows.filter(pa.array(keep)), halves[keep], known[keep]
-    else:
-        known = None
+    rows, halves, known = leave_out(rows, halves, skipping)
     p = prepare(rows, spec)
     if spec.mode == "keyed":
         return _keyed(p, spec, halves, known)
     return _multiset(p, halves, known)
+
+
+def leave_out(rows: pa.Table, halves: np.ndarray | None,
+              skipping: np.ndarray | None) -> tuple[pa.Table, np.ndarray | None, np.ndarray | None]:
+    """``rows`` and their ``halves`` without the new halves of the updates ``skipping`` (seqs,
+    ascending: updates known to find no row, see `net_changes`), and which of the rows left are
+    those updates' old halves and whole rows (None when ``skipping`` is empty or there are no
+    halves)."""
+    if halves is None or skipping is None or not skipping.size or not rows.num_rows:
+        return rows, halves, None
+    known = np.isin(np.asarray(rows.column("_seq").to_numpy(), dtype=np.int64), skipping)
+    keep = ~(known & (halves == NEW_HALF))
+    if keep.all():
+        return rows, halves, known
+    return rows.filter(pa.array(keep)), halves[keep], known[keep]
 
 
 def _walk_ops(op: np.ndarray, halves: np.ndarray | None) -> np.ndarray:

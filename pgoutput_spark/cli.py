@@ -28,7 +28,7 @@ from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
     snapshot = sub.add_parser("snapshot", help="create a slot and copy the published tables into new mirrors")
     snapshot.add_argument("--config", help="configuration file (default: built-in defaults)")
@@ -146,7 +146,8 @@ def _parser() -> argparse.ArgumentParser:
                             "another; by default a missing one fails the run: files deleted or expired)")
     bounded = apply.add_argument_group("backfill slices (the run applies everything up to the slice's end)")
     bounded.add_argument("--until-seq", type=int, metavar="SEQ", help="end the slice at this seq")
-    bounded.add_argument("--until-lsn", metavar="LSN", type=Lsn, help="end the slice at the last message at or before this LSN")
+    bounded.add_argument("--until-lsn", metavar="LSN", type=_lsn,
+                         help="end the slice at the last message at or before this LSN")
     bounded.add_argument("--slice-where", metavar="SQL",
                          help="end the slice at the last capture row matching this predicate, "
                               "e.g. \"landed_date = '2026-11-01'\"")
@@ -373,6 +374,15 @@ def run_decode(config: Config, output: str | None = None) -> Any:
     finally:
         release(decoded)
     return summary
+
+
+def _lsn(text: str) -> Lsn:
+    """``--until-lsn``: an LSN as PostgreSQL prints it (``0/16B3748``). argparse words a plain
+    ValueError as "invalid Lsn value", without saying what an LSN looks like."""
+    try:
+        return Lsn(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _last_runs(text: str) -> int | None:

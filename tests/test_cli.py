@@ -358,6 +358,22 @@ def test_conf_without_a_value_is_a_usage_error(capsys):
     assert "expected KEY=VALUE (a Spark setting), not 'spark.driver.memory'" in capsys.readouterr().err
 
 
+def test_a_bad_lsn_is_a_usage_error_saying_what_an_lsn_looks_like(capsys):
+    from pgoutput_spark import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["apply", "--target", "t", "--until-lsn", "16B3748"])
+    assert exit_.value.code == 2
+    assert "argument --until-lsn: can't parse LSN '16B3748': expected 'X/X' in hexadecimal" in capsys.readouterr().err
+    assert cli._parser().parse_args(["apply", "--target", "t", "--until-lsn", "0/16B3748"]).until_lsn == 0x16B3748
+
+
+def test_the_usage_names_the_command_without_markup(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "The pgoutput-spark command line." in capsys.readouterr().out
+
+
 def test_a_driver_out_of_memory_is_one_line_naming_the_heap_and_the_remedies(tmp_path):
     """A task that runs the driver JVM out of memory ends it (exit code 52): the command says
     so, instead of the errors of a context shut down under it. The run's own process, with a

@@ -92,7 +92,7 @@ from .mirroring.rows import (
     pre_image,
 )
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
-from .results import ApplyResult, TableResult
+from .results import ApplyResult, TableResult, utc_from_micros
 from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
                              session_end_lines, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
@@ -377,9 +377,10 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
                 if r["first"] is not None:
                     first_seq[oid] = min(first_seq.get(oid, r["first"]), r["first"])
             relations = sorted(kinds)
-            span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"),
-                                 F.countDistinct("commit_seq")).first()
+            span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"), F.countDistinct("commit_seq"),
+                                 F.unix_micros(F.max_by("commit_ts", "commit_lsn"))).first()
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
+        to_commit_ts = utc_from_micros(span[3])
         say(f"decoded {n_messages} messages; assembled {transactions} committed transactions "
             f"touching {len(relations)} tables")
         for relation_id in relations:
@@ -485,7 +486,7 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
                             if oid in snapshot_names and history.first_name(oid) not in snapshot_names[oid]}))
     result = ApplyResult(lo, hi, from_lsn, to_lsn, n_messages, transactions, results, n_bad, n_open,
                          redone, duration_s=time.time() - started, excluded=excluded, replaced=replaced,
-                         renamed=renamed, forgotten=forgotten)
+                         renamed=renamed, forgotten=forgotten, to_commit_ts=to_commit_ts)
     appended = tuple(path for path, written in ((ledger.relations_path, bool(new_versions)),
                                                 (ledger.quarantine_path, bool(n_bad)),
                                                 (ledger.skipped_path, any(t.skipped for t in results))) if written)
@@ -933,7 +934,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
             tables, None, None, result.duration_s, list(landed.new_files), lease_end,
-            [(f.xid, f.first_seq, f.rows) for f in result.forgotten] or None)]
+            [(f.xid, f.first_seq, f.rows) for f in result.forgotten] or None, result.to_commit_ts)]
     frame = local_frame(spark, row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None

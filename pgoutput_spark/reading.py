@@ -3,9 +3,11 @@ now or as of a source LSN)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +26,7 @@ from .mirroring.delta import (
     recorded_commits,
     row_count,
 )
+from .results import utc_from_micros, utc_text
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,15 @@ class Status:
     # whose first seq stays while the position moves on may never end (see README).
     open_transactions: list[tuple[str, int | None, int, int | None, int]] = field(default_factory=list)
     run_count: int | None = None  # the target's runs, where `runs` holds the last few only
+    # When the read point's commit committed in the source (UTC; `status` reads it from the run that
+    # applied it): None before a first commit, or where that run's row is from before runs recorded it.
+    read_point_time: datetime | None = None
 
     def render(self, last: int = 10) -> str:
         lines = []
         point = "nothing applied yet" if self.read_point is None else str(Lsn(self.read_point))
+        if self.read_point_time is not None:
+            point += f" (committed {utc_text(self.read_point_time)})"
         lines.append(f"consistent read point: {point}")
         lines.append(f"capture position: seq {self.position}" if self.position is not None
                      else "capture position: start")
@@ -98,7 +106,24 @@ def status(spark: SparkSession, target: str, pipeline: str = "default", *, last:
     """
     if last is not None and last < 0:
         raise ValueError(f"last must be 0 or more, not {last}")
-    return _status(spark, target, pipeline, count=True, runs=last)
+    state = _status(spark, target, pipeline, count=True, runs=last)
+    if state.read_point is None:
+        return state
+    return dataclasses.replace(state, read_point_time=_commit_time(spark, target, pipeline, state.read_point))
+
+
+def _commit_time(spark: SparkSession, target: str, pipeline: str, lsn: int) -> datetime | None:
+    """The source commit time of the commit at ``lsn`` that a run of ``target`` applied last
+    (`_runs`' ``to_commit_ts``; None in rows from before runs recorded it)."""
+    runs = Ledger(spark, target, pipeline).runs_path
+    if not _is_delta(spark, runs):
+        return None
+    finished = spark.read.format("delta").load(runs)
+    if "to_commit_ts" not in finished.columns:
+        return None
+    micros = finished.where((F.col("pipeline") == pipeline) & (F.col("to_lsn") == lsn)).agg(
+        F.max(F.unix_micros("to_commit_ts"))).first()[0]
+    return utc_from_micros(micros)
 
 
 def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, runs: int | None = None) -> Status:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 from .capture import Landed, late_note, repeated_note
 from .lsn import Lsn
@@ -51,13 +52,16 @@ class ApplyResult:
     # Capture files no earlier run saw, and their rows at or below the position (`capture.Landed`).
     landed: Landed = field(default_factory=Landed)
     forgotten: tuple[ForgottenStream, ...] = ()  # streamed transactions forgotten (``forget_xids``)
+    # When the commit at ``to_lsn`` committed in the source (its Commit message's time, UTC).
+    to_commit_ts: datetime | None = None
 
     def render(self) -> str:
         if self.skipped:
             return self.note or f"nothing new after seq {self.lo}: no Delta commit"
         start = "the start" if self.lo is None else f"seq {self.lo}"
         applied = ("no transaction committed in this slice" if self.from_lsn is None else
-                   f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}")
+                   f"commits {Lsn(self.from_lsn)} .. {Lsn(self.to_lsn or 0)}"
+                   + ("" if self.to_commit_ts is None else f" (the last committed {utc_text(self.to_commit_ts)})"))
         lines = [f"capture slice: after {start} up to seq {self.hi}"
                  + (" (redoing an interrupted run)" if self.redone else ""),
                  f"applied: {applied}", f"messages: {self.messages}{repeated_note(self.repeated_rows)}",
@@ -122,3 +126,18 @@ def _renamed_hint(tables: list[tuple[str, str]]) -> str:
             f"lacks the snapshot's rows (updates and deletes of those rows are skipped); the mirror of "
             f"the old name stays as it was. Re-snapshot them under their names now "
             f"(pgoutput-spark snapshot --table {tables[0][0]} ...)")
+
+
+#: Spark's timestamps count microseconds from it (``unix_micros``).
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def utc_from_micros(micros: int | None) -> datetime | None:
+    """A Spark timestamp's ``unix_micros`` as an aware UTC datetime: read so, not as Spark hands a
+    timestamp to Python (naive, in the Python process's local time zone)."""
+    return None if micros is None else _EPOCH + timedelta(microseconds=micros)
+
+
+def utc_text(at: datetime) -> str:
+    """A source commit's time as the runs print it: UTC to the microsecond, as PostgreSQL keeps it."""
+    return f"{at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC"

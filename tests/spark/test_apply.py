@@ -386,7 +386,8 @@ def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_wri
 
 def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(spark, tmp_path):
     """A lease written before runs recorded the capture's files (no ``files`` column, nor the
-    walsender session of ``scan_session``, nor that session in ``_runs``' ``lease_end``): the
+    walsender session of ``scan_session``, nor that session in ``_runs``' ``lease_end``, nor
+    ``_runs``' ``to_commit_ts``: `status` has no read point time until a run records one): the
     next run cannot tell new files from old, checks none and records them all; the run after
     it finds a retried upload of the first file (the sample capture's files, landed one by
     one; `test_apply_pg.py` lands late files that were never read)."""
@@ -412,11 +413,13 @@ def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(sp
                                 LEASE_SCHEMA.replace(", files array<string>, scan_session string", ""))
     old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(lease_path)
     runs = spark.read.format("delta").load(f"{root}/_runs").withColumn(
-        "lease_end", F.col("lease_end").dropFields("scan_session"))
+        "lease_end", F.col("lease_end").dropFields("scan_session")).drop("to_commit_ts")
     runs = spark.createDataFrame(runs.collect(), runs.schema)
     runs.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(f"{root}/_runs")
+    assert job.status(spark, root).read_point_time is None  # no commit time in the runs' rows of before
     second = run("part-00001.parquet")
     assert (len(second.landed.new_files), second.landed.late_rows) == (2, 0)
+    assert second.to_commit_ts is not None and job.status(spark, root).read_point_time == second.to_commit_ts
     both = ["part-00000.parquet", "part-00001.parquet"]
     # The second run's `_runs` row hands the lease back with them; the third run's claim writes them.
     assert sorted(Path(f).name for f in Ledger(spark, root, "default").lease().files) == both

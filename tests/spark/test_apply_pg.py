@@ -22,6 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -1205,3 +1206,48 @@ def test_a_capture_landing_missing_a_file_fails_the_run_naming_its_seqs(spark, p
         run_changes(spark, read_capture(spark, landing), changes)
     assert not Path(changes).exists()
     assert run_changes(spark, read_capture(spark, landing), changes, seq_gaps="allow").hi == last
+
+
+def test_a_runs_last_commit_time_is_the_one_postgresql_prints_and_status_shows_it(spark, pg15, tmp_path, capsys):
+    """`ApplyResult.to_commit_ts`, `_runs`' ``to_commit_ts`` and `status`'s read point time are the
+    source commit time of the run's last commit: test_decoding's ``include-timestamp`` on a slot
+    created beside the capture's prints it for each transaction."""
+    from pgoutput_spark.cli import main
+
+    db = new_database(pg15, "commit_time")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+    pg15.create_slot(f"{db}_p", dbname=db)
+    pg15.create_slot(f"{db}_td", plugin="test_decoding", dbname=db)
+    for k in range(3):  # three transactions, a little apart
+        pg15.execute(f"INSERT INTO t VALUES ({k}, 'v{k}'); UPDATE t SET v = v || '!'; SELECT pg_sleep(0.05)",
+                     dbname=db)
+    messages = pg15.peek_pgoutput(f"{db}_p", publications=["pub"], proto_version=1, dbname=db)
+    printed = [text for _, _, text in pg15.peek_test_decoding(
+        f"{db}_td", options={"include-timestamp": "1", "skip-empty-xacts": "1"}, dbname=db)
+        if text.startswith("COMMIT")]
+    times = [datetime.fromisoformat(text.split(" (at ", 1)[1].rstrip(")")) for text in printed]
+    assert len(times) == 3 and times == sorted(times) and len(set(times)) == 3
+    for name in (f"{db}_p", f"{db}_td"):
+        pg15.drop_slot(name, dbname=db)
+
+    landing, target = tmp_path / "landing", str(tmp_path / "target")
+    begins = [i for i, m in enumerate(messages) if m.data[:1] == b"B"]
+    _land(messages[:begins[2]], tmp_path, landing, 0)  # the first two transactions
+    first = run_apply(spark, read_capture(spark, str(landing)), target)
+    assert first.to_commit_ts == times[1]
+    assert status(spark, target).read_point_time == times[1]
+    _land(messages[begins[2]:], tmp_path, landing, 1)
+    second = run_apply(spark, read_capture(spark, str(landing)), target)
+    assert second.to_commit_ts == times[2] and status(spark, target).read_point_time == times[2]
+    assert run_apply(spark, read_capture(spark, str(landing)), target).skipped
+    assert status(spark, target).read_point_time == times[2]  # a run with nothing new keeps it
+    recorded = spark.read.format("delta").load(f"{target}/_runs").orderBy("hi_seq") \
+        .select(F.unix_micros("to_commit_ts")).collect()
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert [r[0] for r in recorded] == [(t - epoch) // timedelta(microseconds=1) for t in times[1:]]
+
+    assert main(["status", "--target", target]) == 0
+    at = times[2].astimezone(timezone.utc)
+    assert f"consistent read point: {Lsn(second.to_lsn)} (committed {at:%Y-%m-%d %H:%M:%S.%f} UTC)\n" \
+        in capsys.readouterr().out
+    assert f"(the last committed {at:%Y-%m-%d %H:%M:%S.%f} UTC)" in second.render()

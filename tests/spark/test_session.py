@@ -190,8 +190,9 @@ def test_a_local_frame_holds_the_rows_create_data_frame_does_without_an_rdd(spar
     cases = [
         (RUNS_SCHEMA, [("r1", "p", None, 9, 1, 2**62, 3, 4, 0, 0,
                         [("s.t", "/x", 16384, 1, 2, 3, 0, False, "merged"), ("s.u", "/y", 1, 0, 0, 0, 5, True, "")],
-                        at, aware, 1.5, ["a", "b"], (None, 7, 2**40, ["c"], "walsender 1"), [(7, 3, 2**33)]),
-                       ("r2", "p", 9, 10, None, None, 0, 0, 0, 0, [], None, None, 0.0, [], None, None)]),
+                        at, aware, 1.5, ["a", "b"], (None, 7, 2**40, ["c"], "walsender 1"), [(7, 3, 2**33)],
+                        aware),
+                       ("r2", "p", 9, 10, None, None, 0, 0, 0, 0, [], None, None, 0.0, [], None, None, None)]),
         (LEASE_SCHEMA, [("p", "", "idle", None, None, None, None, None, None, None, None),
                         ("q", "id", "running", 1, 2, 3, 4, 5, at, ["f", "g"], "7")]),
         (_OUTCOME_SCHEMA, [(7, 1, None, 2**63 - 1, "committed", 9, 2**40, aware),

@@ -7,7 +7,7 @@
     pgoutput-spark decode [--config conf/local.yaml] [--capture PATH] [--output PATH]
     pgoutput-spark changes --target ROOT [--config conf/local.yaml] [--capture PATH]
     pgoutput-spark apply --target ROOT [--config conf/local.yaml] [--capture PATH]
-    pgoutput-spark status --target ROOT [--config conf/local.yaml] [--last N|all]
+    pgoutput-spark status --target ROOT [--config conf/local.yaml] [--last N|all] [--capture PATH]
 
 Exits 0 on success, 1 with a one-line reason on a pgoutput_spark error, 2 on
 bad arguments, 3 when ``verify`` finds a mirror that differs from its source.
@@ -161,8 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--config", help="configuration file (default: built-in defaults)")
     status.add_argument("--target", required=True, help="target root")
     status.add_argument("--pipeline", help="pipeline name")
-    status.add_argument("--capture", help=argparse.SUPPRESS)
-    status.add_argument("--format", help=argparse.SUPPRESS)
+    status.add_argument("--capture", metavar="PATH", help="also count this capture's messages after the "
+                        "target's position (Parquet folder or Delta table)")
+    status.add_argument("--format", choices=["auto", "parquet", "delta"])
     status.add_argument("--on-error", help=argparse.SUPPRESS)
     status.add_argument("--quarantine", help=argparse.SUPPRESS)
     status.add_argument("--last", type=_last_runs, default=10, metavar="N|all",
@@ -292,11 +293,15 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
     return _until_caught_up(once, args.until_caught_up, say)
 
 
-def run_status_command(config: Config, target: str, last: int | None = 10) -> Any:
+def run_status_command(config: Config, target: str, last: int | None = 10, capture: bool = False) -> Any:
+    """`status` of ``target``; with ``capture``, the configuration's capture's messages after its
+    position too."""
     from .reading import status
 
-    spark = _spark(config)
-    return status(spark, target, config.changes.pipeline, last=last)
+    if not capture:
+        return status(_spark(config), target, config.changes.pipeline, last=last)
+    spark, frame, columns = _capture(config)
+    return status(spark, target, config.changes.pipeline, last=last, capture=frame, columns=columns)
 
 
 def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
@@ -444,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "verify":
                 result = run_verify_command(config, args)
             else:
-                result = run_status_command(config, args.target, args.last)
+                result = run_status_command(config, args.target, args.last, capture=args.capture is not None)
         if as_json:
             print(json.dumps({"command": args.command, "ok": True, "result": _jsonable(result)}))
         elif args.command == "status":  # the runs asked for (`--last`), not the render's default 10

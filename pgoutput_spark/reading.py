@@ -13,7 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .capture import _is_delta
+from .capture import CaptureColumns, _is_delta
 from .errors import PgoutputSparkError
 from .ledger import Ledger
 from .lsn import Lsn
@@ -46,6 +46,10 @@ class Status:
     # When the read point's commit committed in the source (UTC; `status` reads it from the run that
     # applied it): None before a first commit, or where that run's row is from before runs recorded it.
     read_point_time: datetime | None = None
+    # With a capture (`status`'s ``capture``): its messages after `position` (distinct seqs), and the
+    # last seq it holds; what the next runs have to apply.
+    landed_after: int | None = None
+    landed_to_seq: int | None = None
 
     def render(self, last: int = 10) -> str:
         lines = []
@@ -55,6 +59,9 @@ class Status:
         lines.append(f"consistent read point: {point}")
         lines.append(f"capture position: seq {self.position}" if self.position is not None
                      else "capture position: start")
+        if self.landed_after is not None:
+            lines.append(f"landed after it: {self.landed_after} messages, up to seq {self.landed_to_seq}"
+                         if self.landed_after else "landed after it: nothing (the target holds the whole capture)")
         if self.running:
             lines.append("a run is in progress, or the last one died: the next run redoes its slice")
         count = len(self.runs) if self.run_count is None else self.run_count
@@ -96,20 +103,30 @@ class Status:
         return "\n".join(lines)
 
 
-def status(spark: SparkSession, target: str, pipeline: str = "default", *, last: int | None = None) -> Status:
+def status(spark: SparkSession, target: str, pipeline: str = "default", *, last: int | None = None,
+           capture: DataFrame | None = None, columns: CaptureColumns | None = None) -> Status:
     """The run history of ``target`` and the LSN up to which every mirror is complete.
 
     ``last``: `Status.runs` holds the last ``last`` runs' rows only (`Status.run_count`
     counts them all), read by Spark without bringing the others into Python: a target
     run every few minutes holds tens of thousands of runs (50,000 rows took about 3 s to
     read whole). ``None`` (the default) reads every run's row.
+
+    ``capture`` (with its ``columns``, as `run_apply` takes them): also count its messages
+    after the target's position (`Status.landed_after`, one Spark job over its seqs).
     """
     if last is not None and last < 0:
         raise ValueError(f"last must be 0 or more, not {last}")
     state = _status(spark, target, pipeline, count=True, runs=last)
-    if state.read_point is None:
-        return state
-    return dataclasses.replace(state, read_point_time=_commit_time(spark, target, pipeline, state.read_point))
+    if state.read_point is not None:
+        state = dataclasses.replace(state, read_point_time=_commit_time(spark, target, pipeline, state.read_point))
+    if capture is not None:
+        seq = (columns or CaptureColumns()).select(capture).select("seq")
+        if state.position is not None:
+            seq = seq.where(F.col("seq") > state.position)
+        row = seq.agg(F.count_distinct("seq"), F.max("seq")).first()
+        state = dataclasses.replace(state, landed_after=row[0], landed_to_seq=row[1])
+    return state
 
 
 def _commit_time(spark: SparkSession, target: str, pipeline: str, lsn: int) -> datetime | None:

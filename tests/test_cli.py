@@ -209,6 +209,40 @@ def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, resto
     assert "consistent read point: nothing applied yet" in capsys.readouterr().out
 
 
+def test_status_with_a_capture_counts_its_messages_after_the_position(capsys, tmp_path, spark):
+    """``status --capture``: the capture's messages (distinct seqs: a retried upload counts once)
+    after the target's position, and its last seq, as the Parquet files hold them."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from pgoutput_spark.apply import run_apply, status
+    from pgoutput_spark.capture import read_capture
+
+    first, landing, target = tmp_path / "first", tmp_path / "landing", str(tmp_path / "target")
+    first.mkdir()
+    shutil.copy(SAMPLE / "part-00000.parquet", first)
+    shutil.copytree(SAMPLE, landing, ignore=shutil.ignore_patterns("*.md"))
+    shutil.copy(SAMPLE / "part-00002.parquet", landing / "part-00002-retried.parquet")
+    position = run_apply(spark, read_capture(spark, str(first)), target).hi
+    seqs = [s for f in sorted(landing.glob("*.parquet")) for s in pq.read_table(f, columns=["seq"])["seq"].to_pylist()]
+    after = {s for s in seqs if s > position}
+    assert position is not None and len(seqs) > len(set(seqs)) and after
+
+    assert main(["status", "--target", target, "--capture", str(landing)]) == 0
+    assert f"capture position: seq {position}\nlanded after it: {len(after)} messages, up to seq {max(after)}\n" \
+        in capsys.readouterr().out
+    assert main(["status", "--target", target, "--capture", str(landing), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["result"]
+    assert (shown["landed_after"], shown["landed_to_seq"]) == (len(after), max(after))
+    assert main(["status", "--target", target]) == 0 and "landed after" not in capsys.readouterr().out
+    run_apply(spark, read_capture(spark, str(landing)), target)
+    caught_up = status(spark, target, capture=read_capture(spark, str(landing)))
+    assert (caught_up.landed_after, caught_up.position) == (0, max(seqs))
+    assert "landed after it: nothing (the target holds the whole capture)" in caught_up.render()
+
+
 def test_tables_settings_are_checked(tmp_path):
     conf = tmp_path / "c.yaml"
     conf.write_text("tables:\n  keys:\n    public.log: id\n")

@@ -60,8 +60,7 @@ class Status:
         lines.append(f"capture position: seq {self.position}" if self.position is not None
                      else "capture position: start")
         if self.landed_after is not None:
-            lines.append(f"landed after it: {self.landed_after} messages, up to seq {self.landed_to_seq}"
-                         if self.landed_after else "landed after it: nothing (the target holds the whole capture)")
+            lines.append(_landed_line(self.landed_after, self.landed_to_seq))
         if self.running:
             lines.append("a run is in progress, or the last one died: the next run redoes its slice")
         count = len(self.runs) if self.run_count is None else self.run_count
@@ -103,8 +102,57 @@ class Status:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ChangeFeedStatus:
+    """`status` of a change-feed target (`pgoutput_spark.changefeed.run_changes`: change tables
+    under ``_changes``, its runs in ``_pgoutput/runs``), which has no lease, ``_runs`` or mirrors."""
+
+    runs: list[dict[str, Any]]  # oldest first: the last finished runs' rows asked for (lo, hi, messages, changes, at)
+    run_count: int  # the finished runs
+    position: int | None  # capture seq up to which runs have finished
+    running: bool  # a run started after the last finished one (running, or died: the next redoes it)
+    landed_after: int | None = None  # as `Status`'s, with a capture
+    landed_to_seq: int | None = None
+
+    def render(self, last: int = 10) -> str:
+        lines = ["change feed (pgoutput-spark changes): its change tables are under _changes",
+                 f"capture position: seq {self.position}" if self.position is not None else "capture position: start"]
+        if self.landed_after is not None:
+            lines.append(_landed_line(self.landed_after, self.landed_to_seq))
+        if self.running:
+            lines.append("a run is in progress, or the last one died: the next run redoes its slice")
+        shown = self.runs[max(0, len(self.runs) - last):]
+        lines.append(f"runs: {self.run_count}" + (f" (last {len(shown)})" if self.run_count > len(shown) else ""))
+        for r in shown:
+            after = "the start" if r["lo"] is None or r["lo"] < 0 else f"seq {r['lo']}"
+            lines.append(f"  {r['at']:%Y-%m-%d %H:%M:%S}  after {after} up to seq {r['hi']}  "
+                         f"messages {r['messages']}  changes {r['changes']}")
+        return "\n".join(lines)
+
+
+def _landed_line(after: int, to_seq: int | None) -> str:
+    return (f"landed after it: {after} messages, up to seq {to_seq}" if after
+            else "landed after it: nothing (the target holds the whole capture)")
+
+
+def _change_feed_status(spark: SparkSession, runs_path: str, last: int | None) -> ChangeFeedStatus:
+    """`ChangeFeedStatus` from a change feed's runs table (two rows a run: started, finished)."""
+    frame = spark.read.format("delta").load(runs_path)
+    finished, started = F.col("status") == "finished", F.col("status") == "started"
+    row = frame.agg(F.count(F.when(finished, 1)), F.max_by("hi", F.when(finished, F.col("at"))),
+                    F.max(F.when(finished, F.col("at"))), F.max(F.when(started, F.col("at")))).first()
+    count, position, done_at, started_at = row
+    rows = frame.where(finished).orderBy("at")
+    if last is not None:
+        rows = rows.orderBy(F.desc("at")).limit(last)
+    shown = sorted((r.asDict() for r in rows.select("lo", "hi", "messages", "changes", "at").collect()),
+                   key=lambda r: r["at"])
+    running = started_at is not None and (done_at is None or started_at > done_at)
+    return ChangeFeedStatus(shown, count, position, running)
+
+
 def status(spark: SparkSession, target: str, pipeline: str = "default", *, last: int | None = None,
-           capture: DataFrame | None = None, columns: CaptureColumns | None = None) -> Status:
+           capture: DataFrame | None = None, columns: CaptureColumns | None = None) -> Status | ChangeFeedStatus:
     """The run history of ``target`` and the LSN up to which every mirror is complete.
 
     ``last``: `Status.runs` holds the last ``last`` runs' rows only (`Status.run_count`
@@ -114,12 +162,22 @@ def status(spark: SparkSession, target: str, pipeline: str = "default", *, last:
 
     ``capture`` (with its ``columns``, as `run_apply` takes them): also count its messages
     after the target's position (`Status.landed_after`, one Spark job over its seqs).
+
+    A change feed's target (`pgoutput_spark.changefeed.run_changes`) gives a `ChangeFeedStatus`:
+    its position and finished runs.
     """
     if last is not None and last < 0:
         raise ValueError(f"last must be 0 or more, not {last}")
-    state = _status(spark, target, pipeline, count=True, runs=last)
-    if state.read_point is not None:
-        state = dataclasses.replace(state, read_point_time=_commit_time(spark, target, pipeline, state.read_point))
+    ledger = Ledger(spark, target, pipeline)
+    feed = f"{ledger.root}/_pgoutput/runs"
+    state: Status | ChangeFeedStatus
+    if not _is_delta(spark, ledger.lease_path) and not _is_delta(spark, ledger.runs_path) and _is_delta(spark, feed):
+        state = _change_feed_status(spark, feed, last)
+    else:
+        state = _status(spark, target, pipeline, count=True, runs=last)
+        if state.read_point is not None:
+            state = dataclasses.replace(state, read_point_time=_commit_time(spark, target, pipeline,
+                                                                           state.read_point))
     if capture is not None:
         seq = (columns or CaptureColumns()).select(capture).select("seq")
         if state.position is not None:

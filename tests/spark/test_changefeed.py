@@ -8,6 +8,7 @@ from pyspark.sql import types as T
 from pgoutput_spark import decode, read_capture
 from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.mirroring import delta
+from pgoutput_spark.reading import ChangeFeedStatus, status
 from pgoutput_spark.spark.changes import change_frames
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
 
@@ -189,6 +190,13 @@ def test_bounded_runs_cut_anywhere_equal_test_decoding(spark, captured, tmp_path
     for table in TABLES:
         _, rows = _ours(spark, target, table, expected[table])
         assert rows == expected[table], table
+    # `status` of a change feed's target: its position, its finished runs, the capture all read.
+    state = status(spark, target, capture=capture)
+    assert isinstance(state, ChangeFeedStatus) and not state.running
+    assert (state.position, state.run_count, state.landed_after) == (max(m.seq for m in messages), 3, 0)
+    assert [(r["hi"], r["messages"]) for r in state.runs] == [(r.hi, r.messages) for r in results]
+    text = status(spark, target, last=2).render()
+    assert text.startswith("change feed (pgoutput-spark changes)") and "runs: 3 (last 2)" in text
     assert run_changes(spark, capture, target, max_messages=bound).skipped
 
 
@@ -304,11 +312,15 @@ def test_a_run_killed_before_its_end_is_redone_without_duplicates(spark, tmp_pat
         run_changes(spark, capture, target)
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()  # nothing the run cached stays
     monkeypatch.setattr(changefeed._State, "record", real_record)
+    crashed = status(spark, target)
+    assert (crashed.running, crashed.position, crashed.run_count) == (True, None, 0)  # started, not finished
+    assert "a run is in progress, or the last one died" in crashed.render()
     written = _tables(spark, target)
     assert written == _tables(spark, clean)  # the tables were written before the "crash"
 
     redo = run_changes(spark, capture, target)  # redoes the recorded slice: Delta skips the writes
     assert (redo.lo, redo.hi) == (None, 8)
+    assert (status(spark, target).running, status(spark, target).position) == (False, 8)
     assert _tables(spark, target) == _tables(spark, clean)
     assert run_changes(spark, capture, target).skipped
 

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from ..config import TablesConfig
 from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
-from ..errors import CaptureError
+from ..errors import CaptureError, ConfigError
 from ..lsn import Lsn
 from .delta_landing import DeltaLanding
 from .landing import ParquetLanding
@@ -157,7 +157,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     """
     from ..capture import _is_delta
     from ..mirroring.delta import DEFAULT_TABLE_PATH, mirror_path
-    from ..reading import status
+    from ..reading import ChangeFeedStatus, status
 
     store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
     info = store.info()
@@ -167,6 +167,9 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     last = store.last_chunk()
     publications = tuple(info["options"]["publications"])
     applied = status(spark, target, pipeline)
+    if isinstance(applied, ChangeFeedStatus):
+        raise ConfigError(f"{target} holds a change feed (pgoutput-spark changes), not mirrors: verify compares "
+                          f"the mirrors of an apply target with their source tables")
     behind = last is not None and (applied.position is None or applied.position < last.last_seq)
     template = table_path or DEFAULT_TABLE_PATH
     work = Path(tempfile.mkdtemp(prefix="pgoutput-verify-"))

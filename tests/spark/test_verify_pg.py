@@ -9,11 +9,14 @@ import pytest
 
 from pgoutput_spark import read_capture
 from pgoutput_spark.apply import run_apply
+from pgoutput_spark.changefeed import RUNS_SCHEMA as FEED_RUNS
 from pgoutput_spark.cli import main
+from pgoutput_spark.errors import ConfigError
 from pgoutput_spark.mirroring.delta import SchemaChangeError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
+from pgoutput_spark.spark.session import local_frame
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 from ..plugins.postgres import new_database
@@ -56,6 +59,12 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     capture_slot(landing, slot=slot, dsn=dsn, publications=["verify_pub"], proto_version=1)
     first = verify_mirrors(spark, target, landing, dsn=dsn).render()  # landed, never applied
     assert "mirrors no change applied yet" in first and "the apply has applied none of it" in first, first
+    # A change feed's target (its runs table, as `run_changes` writes it) has no mirrors to verify.
+    feed = str(tmp_path / "feed")
+    local_frame(spark, [("finished", -1, 5, None, None, 6, 2, None, None, None, None)], FEED_RUNS) \
+        .write.format("delta").save(f"{feed}/_pgoutput/runs")
+    with pytest.raises(ConfigError, match="holds a change feed .pgoutput-spark changes., not mirrors"):
+        verify_mirrors(spark, feed, landing, dsn=dsn)
     run_apply(spark, read_capture(spark, landing), target)
 
     equal = verify_mirrors(spark, target, landing, dsn=dsn)

@@ -25,6 +25,7 @@ from .errors import (
     StreamStateError,
 )
 from .lsn import Lsn
+from .version import __version__
 
 __all__ = [
     "CaptureColumns",
@@ -34,6 +35,7 @@ __all__ = [
     "Lsn",
     "PgoutputSparkError",
     "StreamStateError",
+    "__version__",
     "build_spark_session",
     "changes",
     "decode",

@@ -31,7 +31,6 @@ run redoes exactly that slice, and Delta skips the merges that already committed
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -57,7 +56,6 @@ from .ledger import RUNS_SCHEMA, ConcurrentRunError, Lease, Ledger
 from .mirroring.delta import (
     DEFAULT_HISTORY_PATH,
     DEFAULT_TABLE_PATH,
-    METADATA_KEY,
     CatalogError,
     SchemaPlan,
     append,
@@ -74,6 +72,7 @@ from .mirroring.delta import (
     register,
     table_spec,
     txn_append,
+    user_metadata,
     vacuum_tables,
 )
 from .mirroring.history import TOAST_CONFLICT, history_frame, merge_history, plan_history
@@ -108,6 +107,7 @@ from .spark.session import (
     warm_python_workers,
     without_codegen,
 )
+from .version import __version__
 
 # The read side (`reading`) is importable from here too, as documented: apply.status, apply.mirror.
 __all__ = ["ApplyResult", "ConcurrentRunError", "NotReadableError", "Status", "TableResult", "mirror",
@@ -621,11 +621,10 @@ class _Rebuild:
                 try:
                     n_rows = rows.count()
                     app_id = f"{ledger.pipeline}:rebuild:{oid}"
-                    meta = {"pipeline": ledger.pipeline, "rebuild": True, "hi_seq": hi, "to_lsn": to_lsn,
-                            "app_id": app_id}
+                    meta = {"pipeline": ledger.pipeline, "rebuild": True, "hi_seq": hi, "to_lsn": to_lsn}
                     # One commit: readers see the old mirror or the rebuilt one. A rerun rebuilds the same.
                     (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                     .option("userMetadata", json.dumps({METADATA_KEY: meta}, sort_keys=True)).save(plan.path))
+                     .option("userMetadata", user_metadata(meta, app_id)).save(plan.path))
                 finally:
                     release(rows)
                 out.append(TableResult(name, plan.path, oid, inserted=n_rows, status="rebuilt"))
@@ -934,7 +933,7 @@ def _finish(ledger: Ledger, run_id: str, result: ApplyResult, end: ScanState, le
     row = [(run_id, ledger.pipeline, result.lo, result.hi, result.from_lsn, result.to_lsn, result.messages,
             result.transactions, result.quarantined_messages, sum(t.skipped for t in result.tables),
             tables, None, None, result.duration_s, list(landed.new_files), lease_end,
-            [(f.xid, f.first_seq, f.rows) for f in result.forgotten] or None, result.to_commit_ts)]
+            [(f.xid, f.first_seq, f.rows) for f in result.forgotten] or None, result.to_commit_ts, __version__)]
     frame = local_frame(spark, row, RUNS_SCHEMA).withColumn(
         "started_at", F.lit(started).cast("timestamp")).withColumn("finished_at", F.current_timestamp())
     assert result.hi is not None

@@ -57,10 +57,11 @@ from .spark.session import (
     warm_python_workers,
     without_codegen,
 )
+from .version import __version__
 
 RUNS_SCHEMA = ("status string, lo long, hi long, begin_seq long, stream_xid long, "
                f"messages long, changes long, at timestamp, new_files array<string>, forgotten {FORGOTTEN}, "
-               "session string")
+               "session string, version string")
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class _State:
                forgotten: tuple[ForgottenStream, ...] = ()) -> None:
         row = [(status, lo, hi, scan.last_begin_seq, scan.last_stream_xid, messages, changes, None,
                 None if new_files is None else list(new_files),
-                [(f.xid, f.first_seq, f.rows) for f in forgotten] or None, scan.last_session)]
+                [(f.xid, f.first_seq, f.rows) for f in forgotten] or None, scan.last_session, __version__)]
         frame = local_frame(self.spark, row, RUNS_SCHEMA).withColumn("at", F.current_timestamp())
         append_rows(frame, self.runs)
         if compact_files(self.spark, self.runs):  # a file or two per run; compacted every 25 runs or so:

@@ -26,9 +26,39 @@ from .capture import CaptureColumns, one_row_per_message, read_capture
 from .config import Config, load_config
 from .errors import ConfigError, PgoutputSparkError
 from .lsn import Lsn
+from .version import __version__
+
+
+def _versions() -> str:
+    """``--version``'s line: ours, then what a bug report needs of the stack (the versions installed
+    beside the command; a package missing is said so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    stack = ", ".join(installed(name) for name in ("pyspark", "delta-spark", "pyarrow", "numpy", "pandas"))
+    return f"pgoutput-spark {__version__} (Python {sys.version.split()[0]}, {stack})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: `_versions` on one line (argparse's own action wraps it at the terminal's width)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(_versions())
+        parser.exit()
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgoutput-spark", description=__doc__.split("\n")[0].replace("``", ""))
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the versions of pgoutput-spark, Python and its stack, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     snapshot = sub.add_parser("snapshot", help="create a slot and copy the published tables into new mirrors")
     snapshot.add_argument("--config", help="configuration file (default: built-in defaults)")

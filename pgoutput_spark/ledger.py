@@ -46,7 +46,7 @@ RUNS_SCHEMA = (f"run_id string, pipeline string, lo_seq long, hi_seq long, from_
                f"to_lsn long, messages long, transactions long, quarantined_messages long, "
                f"quarantined_rows long, tables {TABLE_COUNTS}, started_at timestamp, "
                f"finished_at timestamp, duration_s double, new_files array<string>, lease_end {LEASE_END}, "
-               f"forgotten {FORGOTTEN}, to_commit_ts timestamp")
+               f"forgotten {FORGOTTEN}, to_commit_ts timestamp, version string")
 
 
 #: Reads of a lease that another run is creating, 0.1 s apart, before a run gives up (`Ledger.lease`).

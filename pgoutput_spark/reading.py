@@ -66,6 +66,7 @@ class Status:
         count = len(self.runs) if self.run_count is None else self.run_count
         shown = self.runs[max(0, len(self.runs) - last):]
         lines.append(f"runs: {count}" + (f" (last {len(shown)})" if count > len(shown) else ""))
+        before = None  # the pgoutput-spark version of the run shown before (`_runs`' version)
         for r in shown:
             to = "-" if r["to_lsn"] is None else str(Lsn(r["to_lsn"]))
             changed = sum((t["inserted"] + t["updated"] + t["deleted"]) for t in r["tables"] or [])
@@ -74,6 +75,10 @@ class Status:
                          f"to {to}  messages {r['messages']}  transactions {r['transactions']}  "
                          f"rows changed {changed}  skipped {r['quarantined_rows']}  "
                          f"quarantined {r['quarantined_messages']}  {r['duration_s']:.1f} s")
+            version = r.get("version")  # absent from rows of before, None in their column
+            if version is not None and before is not None and version != before:
+                lines.append(f"      run by pgoutput-spark {version} (the run before by {before})")
+            before = version or before
             for t in sorted(r["tables"] or [], key=lambda t: t["table"]):
                 lines.append(f"      {t['table']}: +{t['inserted']} ~{t['updated']} -{t['deleted']}"
                              + (f" skipped {t['skipped']}" if t["skipped"] else "")

@@ -154,6 +154,8 @@ def test_config_errors_name_file_and_key(tmp_path):
 
 @pytest.mark.usefixtures("restore_spark_conf")
 def test_apply_then_nothing_new_then_status(capsys, tmp_path):
+    from importlib.metadata import version
+
     import pyarrow.parquet as pq
 
     from pgoutput_spark import decode_message
@@ -174,8 +176,15 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     assert result["result"]["landed"] == {"late_rows": 0, "unread": 0}
     from pyspark.sql import SparkSession
 
-    recorded = SparkSession.getActiveSession().read.format("delta").load(f"{target}/_runs").first()["new_files"]
-    assert sorted(Path(f).name for f in recorded) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    spark = SparkSession.getActiveSession()
+    run = spark.read.format("delta").load(f"{target}/_runs").first()
+    assert sorted(Path(f).name for f in run["new_files"]) == ["part-00000.parquet", "part-00001.parquet",
+                                                              "part-00002.parquet"]
+    # The run's row and each mirror's commit name the version that wrote them, the one pip installed.
+    installed = version("pgoutput-spark")
+    assert run["version"] == installed
+    commit = spark.sql(f"DESCRIBE HISTORY delta.`{os.path.abspath(target)}/shop/orders`").first()
+    assert json.loads(commit["userMetadata"])["pgoutput_spark"]["version"] == installed
     assert "slice claimed: after the start up to seq 1808" in captured.err and "table 1/" in captured.err
     # A slice the target holds already: skipped, and said so.
     assert main(["apply", "--target", target, "--until-seq", "900", "--quiet"]) == 0
@@ -209,11 +218,13 @@ def test_status_of_a_missing_target_says_nothing_applied(capsys, tmp_path, resto
     assert "consistent read point: nothing applied yet" in capsys.readouterr().out
 
 
-def test_status_with_a_capture_counts_its_messages_after_the_position(capsys, tmp_path, spark):
+def test_status_with_a_capture_counts_its_messages_after_the_position(capsys, tmp_path, spark, monkeypatch):
     """``status --capture``: the capture's messages (distinct seqs: a retried upload counts once)
-    after the target's position, and its last seq, as the Parquet files hold them."""
+    after the target's position, and its last seq, as the Parquet files hold them. A run made by
+    another version of pgoutput-spark than the run before it is said so."""
     import json
     import shutil
+    from importlib.metadata import version
 
     import pyarrow.parquet as pq
 
@@ -237,10 +248,15 @@ def test_status_with_a_capture_counts_its_messages_after_the_position(capsys, tm
     shown = json.loads(capsys.readouterr().out)["result"]
     assert (shown["landed_after"], shown["landed_to_seq"]) == (len(after), max(after))
     assert main(["status", "--target", target]) == 0 and "landed after" not in capsys.readouterr().out
+    monkeypatch.setattr("pgoutput_spark.apply.__version__", "99.0.0")  # an upgrade between the two runs
     run_apply(spark, read_capture(spark, str(landing)), target)
     caught_up = status(spark, target, capture=read_capture(spark, str(landing)))
     assert (caught_up.landed_after, caught_up.position) == (0, max(seqs))
-    assert "landed after it: nothing (the target holds the whole capture)" in caught_up.render()
+    assert [r["version"] for r in caught_up.runs] == [version("pgoutput-spark"), "99.0.0"]
+    shown = caught_up.render()
+    assert "landed after it: nothing (the target holds the whole capture)" in shown
+    assert shown.count("run by pgoutput-spark") == 1
+    assert f"\n      run by pgoutput-spark 99.0.0 (the run before by {version('pgoutput-spark')})\n" in shown
 
 
 def test_tables_settings_are_checked(tmp_path):
@@ -383,6 +399,22 @@ def test_conf_sets_spark_settings_over_the_configuration():
     args = cli._parser().parse_args(["capture", "--landing", "l", "--slot", "s", "--publication", "p",
                                      "--conf", "spark.driver.memory=2g"])
     assert cli._spark_overrides(config, args).conf["spark.driver.memory"] == "2g"
+
+
+def test_version_names_ours_and_the_stack_as_installed(capsys):
+    import platform
+    from importlib.metadata import version
+
+    import pgoutput_spark
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    # What pip installed from pyproject.toml, which reads the version from the package.
+    assert pgoutput_spark.__version__ == version("pgoutput-spark")
+    stack = ", ".join(f"{name} {version(name)}" for name in ("pyspark", "delta-spark", "pyarrow", "numpy", "pandas"))
+    assert capsys.readouterr().out == (f"pgoutput-spark {version('pgoutput-spark')} "
+                                       f"(Python {platform.python_version()}, {stack})\n")
 
 
 def test_conf_without_a_value_is_a_usage_error(capsys):

@@ -45,6 +45,7 @@ from ..errors import PgoutputSparkError
 from ..spark.files import is_uri
 from ..spark.jvm import jvm_class
 from ..spark.session import copy_session, release, temporary_conf
+from ..version import __version__
 from .history import HISTORY_NAMES
 from .net import TableSpec
 
@@ -61,6 +62,12 @@ PROPERTIES = {
 
 #: The commit-metadata key under which a run records what it applied.
 METADATA_KEY = "pgoutput_spark"
+
+
+def user_metadata(metadata: dict[str, Any], app_id: str) -> str:
+    """A mirror commit's ``userMetadata``: ``metadata`` and ``app_id`` under `METADATA_KEY`, with
+    the version of pgoutput-spark that wrote it (``version``)."""
+    return json.dumps({METADATA_KEY: {**metadata, "app_id": app_id, "version": __version__}}, sort_keys=True)
 
 
 class SchemaChangeError(PgoutputSparkError):
@@ -330,7 +337,7 @@ def execute_merge(session: SparkSession, run: Callable[[], _R], *, path: str, ap
         "merge.materializeSource": "none",
         "write.txnAppId": app_id,
         "write.txnVersion": str(version),
-        "commitInfo.userMetadata": json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True),
+        "commitInfo.userMetadata": user_metadata(metadata, app_id),
     }
     with temporary_conf(session, {f"spark.databricks.delta.{key}": value for key, value in settings.items()}):
         for attempt in range(1, MERGE_ATTEMPTS + 1):
@@ -766,7 +773,7 @@ def append(path: str, source: DataFrame, spec: TableSpec, *, app_id: str, versio
     """
     writer = (source.select(*[F.col(quote(c)) for c in spec.columns]).write.format("delta").mode("append")
               .option("txnAppId", app_id).option("txnVersion", version)
-              .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True)))
+              .option("userMetadata", user_metadata(metadata, app_id)))
     _with_properties(writer, create).save(path)
 
 

@@ -18,7 +18,6 @@ table's size; the driver's disk holds the table's text and its rows.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -436,7 +435,7 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from ..mirroring.delta import METADATA_KEY, TableSpec, absolute_path, append
+    from ..mirroring.delta import TableSpec, absolute_path, append, user_metadata
     from ..spark.files import child, delete, local_folder, upload
 
     # The text and its rows on the driver, beside a local target (its disk has room for
@@ -476,7 +475,7 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
         if replace:  # one commit: readers see the old rows or the new ones
             (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
              .option("txnAppId", app_id).option("txnVersion", version)
-             .option("userMetadata", json.dumps({METADATA_KEY: {**metadata, "app_id": app_id}}, sort_keys=True))
+             .option("userMetadata", user_metadata(metadata, app_id))
              .save(plan.path))
         else:
             spec = TableSpec("multiset", (), tuple(name for name, _ in plan.columns))

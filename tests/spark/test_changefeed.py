@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
 from pyspark.sql import types as T
 
@@ -95,6 +97,8 @@ def test_file_by_file_runs_equal_test_decoding_and_rerun_is_a_no_op(spark, captu
     runs = f"delta.`{target}/_pgoutput/runs`"
     assert spark.sql(f"DESCRIBE DETAIL {runs}").first()["numFiles"] <= 2
     assert [r[0] for r in spark.sql(f"SELECT status FROM {runs} ORDER BY at").collect()] == ["started", "finished"] * 3
+    # Each record names the pgoutput-spark that wrote it, the version pip installed.
+    assert {r[0] for r in spark.sql(f"SELECT version FROM {runs}").collect()} == {version("pgoutput-spark")}
     check_vacuumed(spark, vacuumed, {"runs"})  # compacted, then vacuumed, as its 3rd and 5th records made 3 files
     expected = _oracle_by_table(oracle)
     for table in TABLES:

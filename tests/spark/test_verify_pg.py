@@ -61,7 +61,7 @@ def test_verify_tells_equal_drift_and_lag_apart(spark: Any, pg15: PgCluster, tmp
     assert "mirrors no change applied yet" in first and "the apply has applied none of it" in first, first
     # A change feed's target (its runs table, as `run_changes` writes it) has no mirrors to verify.
     feed = str(tmp_path / "feed")
-    local_frame(spark, [("finished", -1, 5, None, None, 6, 2, None, None, None, None)], FEED_RUNS) \
+    local_frame(spark, [("finished", -1, 5, None, None, 6, 2, None, None, None, None, "0.1.0")], FEED_RUNS) \
         .write.format("delta").save(f"{feed}/_pgoutput/runs")
     with pytest.raises(ConfigError, match="holds a change feed .pgoutput-spark changes., not mirrors"):
         verify_mirrors(spark, feed, landing, dsn=dsn)

@@ -271,6 +271,10 @@ def read_capture(spark: SparkSession, path: str, *, format: CaptureFormat = "aut
     try:
         frame = reader.load(path)
     except Exception as exc:  # AnalysisException: path missing, not Parquet, ...
+        if format == "parquet" and "UNABLE_TO_INFER_SCHEMA" in str(exc):  # Spark's word for no files
+            raise CaptureError(f"can't read capture {path!r} as parquet: it holds no *.parquet file (in it or "
+                               f"its partition folders): nothing has landed yet, or the path is not the "
+                               f"landing's") from exc
         if type(exc).__name__ in ("AnalysisException", "PathNotFoundException"):
             raise CaptureError(f"can't read capture {path!r} as {format}: {exc}") from exc
         raise

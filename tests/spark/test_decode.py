@@ -143,8 +143,11 @@ def test_capture_contract_errors(spark, tmp_path):
         decode(frame, columns=CaptureColumns(data="payload"))
     with pytest.raises(CaptureError, match="can't read capture '.*missing': it does not exist"):
         read_capture(spark, str(tmp_path / "missing"))
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(CaptureError, match="can't read capture '.*empty' as parquet"):
+    # A folder with no Parquet file yet (a landing's README aside), said so in our words, not Spark's.
+    (tmp_path / "empty" / "date=2026-11-22").mkdir(parents=True)
+    (tmp_path / "empty" / "README.md").write_text("the landing of slot s\n")
+    with pytest.raises(CaptureError, match=r"^can't read capture '.*empty' as parquet: it holds no \*\.parquet "
+                                           r"file \(in it or its partition folders\): nothing has landed yet"):
         read_capture(spark, str(tmp_path / "empty"))
 
 

@@ -244,12 +244,12 @@ def _status(spark: SparkSession, target: str, pipeline: str, *, count: bool, run
                     "table", "path").collect():
                 mirrors.setdefault(r["table"], (r["path"], 0))
     if count:  # from each mirror's Delta log where it can (`row_count`), the others' counts at once
-        def counted(item: tuple[str, tuple[str, int]]) -> tuple[str, tuple[str, int]]:
+        def with_rows(item: tuple[str, tuple[str, int]]) -> tuple[str, tuple[str, int]]:
             table, (path, _) = item
             return table, (path, row_count(spark, path) if _is_delta(spark, path) else 0)
 
         with ThreadPoolExecutor(max_workers=4) as pool:
-            mirrors = dict(pool.map(counted, list(mirrors.items())))
+            mirrors = dict(pool.map(with_rows, list(mirrors.items())))
     if lease is None:
         return Status(rows, None, False, None, mirrors, run_count=run_count)
     return Status(rows, lease.applied_lsn, lease.status == "running", lease.lo, mirrors,

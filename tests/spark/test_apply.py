@@ -387,13 +387,15 @@ def test_a_seq_landed_twice_with_different_messages_fails_before_anything_is_wri
 def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(spark, tmp_path):
     """A lease written before runs recorded the capture's files (no ``files`` column, nor the
     walsender session of ``scan_session``, nor that session in ``_runs``' ``lease_end``, nor
-    ``_runs``' ``to_commit_ts``: `status` has no read point time until a run records one): the
+    ``_runs``' ``to_commit_ts``: `status` has no read point time until a run records one; nor
+    ``_runs``' ``version``: `status` tells no change of version from such a row): the
     next run cannot tell new files from old, checks none and records them all; the run after
     it finds a retried upload of the first file (the sample capture's files, landed one by
     one; `test_apply_pg.py` lands late files that were never read)."""
     import shutil
     from pathlib import Path
 
+    import pgoutput_spark
     from pgoutput_spark import read_capture
 
     sample, landing, root = Path(__file__).parents[2] / "examples" / "sample_capture", tmp_path / "landing", \
@@ -413,13 +415,16 @@ def test_a_target_from_before_runs_recorded_their_files_starts_recording_them(sp
                                 LEASE_SCHEMA.replace(", files array<string>, scan_session string", ""))
     old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(lease_path)
     runs = spark.read.format("delta").load(f"{root}/_runs").withColumn(
-        "lease_end", F.col("lease_end").dropFields("scan_session")).drop("to_commit_ts")
+        "lease_end", F.col("lease_end").dropFields("scan_session")).drop("to_commit_ts", "version")
     runs = spark.createDataFrame(runs.collect(), runs.schema)
     runs.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(f"{root}/_runs")
     assert job.status(spark, root).read_point_time is None  # no commit time in the runs' rows of before
     second = run("part-00001.parquet")
     assert (len(second.landed.new_files), second.landed.late_rows) == (2, 0)
-    assert second.to_commit_ts is not None and job.status(spark, root).read_point_time == second.to_commit_ts
+    now = job.status(spark, root)
+    assert second.to_commit_ts is not None and now.read_point_time == second.to_commit_ts
+    assert [r["version"] for r in now.runs] == [None, pgoutput_spark.__version__]
+    assert "run by pgoutput-spark" not in now.render()
     both = ["part-00000.parquet", "part-00001.parquet"]
     # The second run's `_runs` row hands the lease back with them; the third run's claim writes them.
     assert sorted(Path(f).name for f in Ledger(spark, root, "default").lease().files) == both

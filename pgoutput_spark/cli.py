@@ -481,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 result = run_status_command(config, args.target, args.last, capture=args.capture is not None)
         if as_json:
-            print(json.dumps({"command": args.command, "ok": True, "result": _jsonable(result)}))
+            print(json.dumps({"command": args.command, "ok": True, "version": __version__,
+                              "result": _jsonable(result)}))
         elif args.command == "status":  # the runs asked for (`--last`), not the render's default 10
             print(result.render(last=len(result.runs)))
         else:
@@ -503,8 +504,8 @@ def _failed(args: argparse.Namespace, exc: Exception) -> int:
     reason = " ".join(str(exc).split())
     print(f"pgoutput-spark: error: {reason}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"command": args.command, "ok": False, "error": type(exc).__name__,
-                          "reason": reason}))
+        print(json.dumps({"command": args.command, "ok": False, "version": __version__,
+                          "error": type(exc).__name__, "reason": reason}))
     return 1
 
 

@@ -171,6 +171,7 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert (result["ok"], result["result"]["lo"], result["result"]["hi"]) == (True, None, 1808)
+    assert list(result)[:3] == ["command", "ok", "version"] and result["version"] == version("pgoutput-spark")
     assert {"shop.customers", "shop.orders"} <= {t["table"] for t in result["result"]["tables"]}
     # The files the run saw go to its record in _runs, not to the JSON line.
     assert result["result"]["landed"] == {"late_rows": 0, "unread": 0}
@@ -198,7 +199,7 @@ def test_apply_then_nothing_new_then_status(capsys, tmp_path):
     assert main(["apply", "--target", target, "--slice-where", "landed_date = '2026-11-01'", "--json"]) == 1
     captured = capsys.readouterr()
     failure = json.loads(captured.out)
-    assert (failure["ok"], failure["error"]) == (False, "ConfigError")
+    assert (failure["ok"], failure["version"], failure["error"]) == (False, version("pgoutput-spark"), "ConfigError")
     assert failure["reason"].startswith("--slice-where \"landed_date = '2026-11-01'\" is not a predicate")
     ours = [line for line in captured.err.splitlines() if line.startswith("pgoutput-spark")]
     assert len(ours) == 1 and ours[0].startswith("pgoutput-spark: error: --slice-where")

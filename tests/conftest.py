@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.plugins.postgres", "tests.plugins.s3", "tests.plugins.spark"]
+pytest_plugins = ["tests.plugins.postgres", "tests.plugins.s3", "tests.plugins.gcs", "tests.plugins.spark"]

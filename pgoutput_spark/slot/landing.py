@@ -16,7 +16,8 @@ in place), so the last file alone says where the next run starts.
 The folder may be a URI of a file system Arrow reaches (``s3://``, with
 ``s3a://`` and ``s3n://`` read as ``s3://``, ``gs://``, ``abfs://``,
 ``hdfs://``; credentials and endpoints as Arrow takes them, e.g. ``AWS_*``
-environment variables): a chunk is written on the local disk, uploaded under a
+environment variables, and a GCS emulator as Google's libraries take it,
+``STORAGE_EMULATOR_HOST``): a chunk is written on the local disk, uploaded under a
 hidden name, then moved into place (on object storage a server-side copy, whose
 object appears whole or not at all).
 """
@@ -157,17 +158,35 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
     """Arrow's file system and the path in it for a URI other than ``file:``; None for a local path.
 
     Spark's S3 connector spells S3 ``s3a://`` (and once ``s3n://``): the same buckets are
-    ``s3://`` to Arrow, so the command line takes the URI the apply job reads.
+    ``s3://`` to Arrow, so the command line takes the URI the apply job reads. A ``gs://`` URI
+    goes to the GCS emulator that ``STORAGE_EMULATOR_HOST`` names, when it is set, as Google's
+    own client libraries do (`gcs_emulator`); Arrow's GCS client does not read that variable.
     """
     if not is_uri(path) or path.startswith("file:"):
         return None
     try:
+        if path.startswith("gs://") and os.environ.get(STORAGE_EMULATOR_HOST):
+            return gcs_emulator(os.environ[STORAGE_EMULATOR_HOST]), path[len("gs://"):].rstrip("/")
         return pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # libhdfs lists every path tried
         raise CaptureError(f"{path}: a Parquet landing there needs a file system Arrow reaches ({reason}); land"
                            " into a local or mounted folder, or into a Delta table (--landing-format delta: Spark's"
                            " file systems)") from exc
+
+
+STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"
+"""The environment variable that sends Google's client libraries to a GCS emulator."""
+
+
+def gcs_emulator(host: str) -> pafs.GcsFileSystem:
+    """Arrow's GCS client for an emulator at ``host`` (``http://127.0.0.1:4443``; without a scheme,
+    plain HTTP), without credentials: an emulator takes anonymous requests, and Arrow would
+    otherwise look for Google's default credentials, which a machine outside Google Cloud waits on."""
+    scheme, _, endpoint = host.rpartition("://")
+    if not endpoint or "/" in endpoint.rstrip("/"):
+        raise CaptureError(f"{STORAGE_EMULATOR_HOST}={host!r}: expected host:port, or http://host:port")
+    return pafs.GcsFileSystem(anonymous=True, scheme=scheme or "http", endpoint_override=endpoint.rstrip("/"))
 
 
 class ParquetLanding:

@@ -1,6 +1,7 @@
 """The Parquet landing: chunk files, their footer records, and what a new run finds (no PostgreSQL).
 
-Each test runs on a local folder and on an S3 bucket (moto's server, `tests/plugins/s3.py`).
+Each test runs on a local folder, on an S3 bucket (moto's server, `tests/plugins/s3.py`) and on a
+GCS bucket (fake-gcs-server, `tests/plugins/gcs.py`).
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ class Folder:
         self.fs.move(f"{self.root}/{name}", f"{self.root}/{to}")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "gcs"])
 def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Folder:
     if request.param == "local":
         return Folder(str(tmp_path), pafs.LocalFileSystem(), str(tmp_path))
-    s3 = request.getfixturevalue("s3")
-    return Folder(s3.uri, s3.fs, s3.root)
+    bucket = request.getfixturevalue(request.param)
+    return Folder(bucket.uri, bucket.fs, bucket.root)
 
 
 def _table_bytes(table: pa.Table) -> bytes:
@@ -125,3 +126,19 @@ def test_a_uri_arrow_cannot_reach_is_named_with_the_remedy() -> None:
     with pytest.raises(CaptureError, match=r"gopher://x/landing: a Parquet landing there needs a file system"
                                            r" Arrow reaches \(.*\); land .*--landing-format delta"):
         ParquetLanding("gopher://x/landing")
+
+
+def test_gs_goes_to_the_emulator_storage_emulator_host_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgoutput_spark.slot.landing import arrow_filesystem
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4443/storage/v1")
+    with pytest.raises(CaptureError, match=r"STORAGE_EMULATOR_HOST='http://127.0.0.1:4443/storage/v1': expected"
+                                           r" host:port, or http://host:port"):
+        ParquetLanding("gs://bucket/landing")
+    for host, scheme in (("127.0.0.1:4443", "http"), ("https://127.0.0.1:4443/", "https")):
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+        found = arrow_filesystem("gs://bucket/landing/")
+        assert found is not None and found[1] == "bucket/landing"
+        options = found[0].__reduce__()[1][0]  # what the file system was made with
+        assert isinstance(found[0], pafs.GcsFileSystem) and options["anonymous"]
+        assert (options["scheme"], options["endpoint_override"]) == (scheme, "127.0.0.1:4443")

@@ -50,7 +50,7 @@ def server_binary() -> Path:
     TOOLS.mkdir(parents=True, exist_ok=True)
     go = _go()
     with tempfile.TemporaryDirectory(dir=TOOLS) as out:
-        env = {**os.environ, "GOBIN": out, "GOFLAGS": "-mod=mod"}
+        env = {**os.environ, "GOBIN": out}
         built = subprocess.run([go, "install", f"{SERVER_MODULE}@{SERVER_VERSION}"], env=env, text=True,
                                capture_output=True, timeout=1800)
         if built.returncode:

@@ -167,6 +167,8 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
     try:
         if path.startswith("gs://") and os.environ.get(STORAGE_EMULATOR_HOST):
             return gcs_emulator(os.environ[STORAGE_EMULATOR_HOST]), path[len("gs://"):].rstrip("/")
+        if path.startswith("gs://") and "?" not in path:
+            return pafs.FileSystem.from_uri(f"{path}?retry_limit_seconds={GCS_RETRY_SECONDS}")
         return pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # libhdfs lists every path tried
@@ -174,6 +176,13 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
                            " into a local or mounted folder, or into a Delta table (--landing-format delta: Spark's"
                            " file systems)") from exc
 
+
+GCS_RETRY_SECONDS = 120
+"""How long Arrow's GCS client retries a request of a ``gs://`` landing before it fails. With
+its own default (Google's client library's), a machine without Google's credentials and no
+metadata server to ask them of still waited on the landing's first listing after 5 minutes;
+with this, such a capture fails after about 2 (Arrow's error: no OAuth2 access token), and
+a capture that fails is run again where it stopped."""
 
 STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"
 """The environment variable that sends Google's client libraries to a GCS emulator."""

@@ -142,3 +142,14 @@ def test_gs_goes_to_the_emulator_storage_emulator_host_names(monkeypatch: pytest
         options = found[0].__reduce__()[1][0]  # what the file system was made with
         assert isinstance(found[0], pafs.GcsFileSystem) and options["anonymous"]
         assert (options["scheme"], options["endpoint_override"]) == (scheme, "127.0.0.1:4443")
+
+
+def test_a_gs_landing_retries_for_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgoutput_spark.slot.landing import GCS_RETRY_SECONDS, arrow_filesystem
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    found = arrow_filesystem("gs://bucket/landing")  # no request yet: nothing waits on credentials
+    assert found is not None and found[1] == "bucket/landing"
+    options = found[0].__reduce__()[1][0]
+    assert isinstance(found[0], pafs.GcsFileSystem) and not options["anonymous"]
+    assert GCS_RETRY_SECONDS == 120 and options["retry_time_limit"].total_seconds() == GCS_RETRY_SECONDS

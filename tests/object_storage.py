@@ -42,15 +42,15 @@ _JOB = textwrap.dedent("""
     args = json.loads(sys.argv[1])
     spark = build_spark_session(master="local[2]", conf=args["conf"])
     target, landing, dsn = args["target"], args["landing"], args["dsn"]
-    snapshot = snapshot_tables(spark, target, slot=args["slot"], publications=["s3_pub"], dsn=dsn)
+    snapshot = snapshot_tables(spark, target, slot=args["slot"], publications=["store_pub"], dsn=dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:  # traffic after the snapshot
         for twin in args["twins"]:  # one for a Delta landing, one PostgreSQL peeks at for the test
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (twin,))
         for statement in args["traffic"]:
             conn.execute(statement)
-    captured = capture_slot(landing, slot=args["slot"], dsn=dsn, publications=["s3_pub"], chunk_size=50)
+    captured = capture_slot(landing, slot=args["slot"], dsn=dsn, publications=["store_pub"], chunk_size=50)
     # The same traffic through a twin slot into a Delta landing in the bucket, read back.
-    in_delta = capture_slot(args["delta_landing"], slot=args["twins"][0], dsn=dsn, publications=["s3_pub"],
+    in_delta = capture_slot(args["delta_landing"], slot=args["twins"][0], dsn=dsn, publications=["store_pub"],
                             proto_version=1, chunk_size=50, format="delta", spark=spark)
     stream = [[r.seq, r.lsn, r.xid, r.data.hex()] for r in read_capture(spark, args["delta_landing"])
               .orderBy("seq").select("seq", "lsn", "xid", "data").collect()]
@@ -80,7 +80,7 @@ def run_pipeline(pg15: PgCluster, bucket: Bucket, conf: dict[str, str], tmp_path
                  " CREATE TABLE bag (v text, n int); ALTER TABLE bag REPLICA IDENTITY FULL;"
                  " INSERT INTO keyed SELECT g, 'before ' || g, g / 4.0 FROM generate_series(1, 50) g;"
                  " INSERT INTO bag SELECT 'same', 1 FROM generate_series(1, 3);"
-                 " CREATE PUBLICATION s3_pub FOR TABLE keyed, bag", dbname=db)
+                 " CREATE PUBLICATION store_pub FOR TABLE keyed, bag", dbname=db)
     traffic = ["UPDATE keyed SET v = 'after', n = n * 2 WHERE id % 3 = 0", "DELETE FROM keyed WHERE id > 45",
                "INSERT INTO keyed SELECT g, 'new', g FROM generate_series(100, 140) g",
                "UPDATE keyed SET id = id + 1000 WHERE id = 1",  # a key change
@@ -99,7 +99,7 @@ def run_pipeline(pg15: PgCluster, bucket: Bucket, conf: dict[str, str], tmp_path
     # PostgreSQL decodes for a slot made at the same point, numbered from 0. Each chunk is a
     # decoding session that sends a table's Relation message again: those are compared as a set.
     delta = result["delta_stream"]
-    peeked = [[m.lsn, m.xid, m.data.hex()] for m in pg15.peek_pgoutput(f"{db}_peek", publications=["s3_pub"],
+    peeked = [[m.lsn, m.xid, m.data.hex()] for m in pg15.peek_pgoutput(f"{db}_peek", publications=["store_pub"],
                                                                        proto_version=1, dbname=db)]
     assert result["delta_chunks"] > 1 and len(delta) >= len(peeked) > 50
     assert [r[0] for r in delta] == list(range(len(delta)))

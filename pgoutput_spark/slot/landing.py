@@ -24,6 +24,7 @@ object appears whole or not at all).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,8 +33,9 @@ import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -195,7 +197,26 @@ def gcs_emulator(host: str) -> pafs.GcsFileSystem:
     scheme, _, endpoint = host.rpartition("://")
     if not endpoint or "/" in endpoint.rstrip("/"):
         raise CaptureError(f"{STORAGE_EMULATOR_HOST}={host!r}: expected host:port, or http://host:port")
-    return pafs.GcsFileSystem(anonymous=True, scheme=scheme or "http", endpoint_override=endpoint.rstrip("/"))
+    return pafs.GcsFileSystem(anonymous=True, scheme=scheme or "http", endpoint_override=endpoint.rstrip("/"),
+                              retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _landing_errors(action: str) -> Callable[[_F], _F]:
+    """A `ParquetLanding` method whose file system errors (object storage refusing or unreachable,
+    a local disk full) become a `CaptureError` naming the landing and what it was doing."""
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def reported(self: ParquetLanding, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except OSError as exc:  # Arrow's errors too (ArrowIOError is one)
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                raise CaptureError(f"{self.path}: can't {action}: {reason}") from exc
+        return reported  # type: ignore[return-value]
+    return wrap
 
 
 class ParquetLanding:
@@ -237,6 +258,7 @@ class ParquetLanding:
 
     # -- what was landed --------------------------------------------------------------
 
+    @_landing_errors("read the landing's information")
     def info(self) -> dict[str, Any] | None:
         """The recorded landing information, or None for a new landing."""
         where = self._name(LANDING_INFO_FILE)
@@ -252,6 +274,7 @@ class ParquetLanding:
             raise CaptureError(f"{self._uri(LANDING_INFO_FILE)} does not hold a JSON object")
         return info
 
+    @_landing_errors("read the last chunk's record")
     def last_chunk(self) -> ChunkRecord | None:
         """The newest landed chunk (from its file's footer), or None when nothing was landed."""
         parts = list(self._parts())
@@ -274,6 +297,7 @@ class ParquetLanding:
 
     # -- landing ------------------------------------------------------------------------
 
+    @_landing_errors("create or check the landing")
     def open(self, info: Mapping[str, Any]) -> None:
         """Create the landing (or check it was landed with the same `info`); remove half-written files."""
         self._fs.create_dir(self._root, recursive=True)
@@ -301,6 +325,7 @@ class ParquetLanding:
         assert self._work is not None, "open() first"
         return ChunkFile(self._work, chunk, compression=compression, publish=self._publish)
 
+    @_landing_errors("publish a chunk file")
     def _publish(self, source: Path, record: ChunkRecord) -> str:
         target = self._name(f"part-{record.chunk:08d}.parquet")
         if self._dir is not None:

@@ -183,8 +183,9 @@ GCS_RETRY_SECONDS = 120
 """How long Arrow's GCS client retries a request of a ``gs://`` landing before it fails. With
 its own default (Google's client library's), a machine without Google's credentials and no
 metadata server to ask them of still waited on the landing's first listing after 5 minutes;
-with this, such a capture fails after about 2 (Arrow's error: no OAuth2 access token), and
-a capture that fails is run again where it stopped."""
+with this, such a capture fails within 3 (the client's last wait between retries may pass the
+limit: 2:48 against a server that refused every connection), and a capture that fails is run
+again where it stopped."""
 
 STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"
 """The environment variable that sends Google's client libraries to a GCS emulator."""

@@ -207,7 +207,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _landing_errors(action: str) -> Callable[[_F], _F]:
     """A `ParquetLanding` method whose file system errors (object storage refusing or unreachable,
-    a local disk full) become a `CaptureError` naming the landing and what it was doing."""
+    a local folder that cannot be created) become a `CaptureError` naming the landing and what it
+    was doing. A chunk's rows written on the local disk before they are published are not wrapped."""
     def wrap(method: _F) -> _F:
         @functools.wraps(method)
         def reported(self: ParquetLanding, *args: Any, **kwargs: Any) -> Any:

@@ -15,7 +15,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from pgoutput_spark.slot.landing import STORAGE_EMULATOR_HOST, gcs_emulator
+from pgoutput_spark.testing.pgcluster import _free_port
 
 from .s3 import Bucket
 
@@ -107,12 +107,6 @@ def prepare() -> None:
     """What the GCS tests fetch and build, done ahead (``./dev test`` calls this before pytest)."""
     server_binary()
     connector_jar()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

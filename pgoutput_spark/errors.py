@@ -17,6 +17,10 @@ class ConfigError(PgoutputSparkError):
     """A configuration value, option or argument is invalid."""
 
 
+class SparkStartError(PgoutputSparkError):
+    """Spark's JVM did not start: no Java, or a Java that this Spark does not run on."""
+
+
 class CaptureError(PgoutputSparkError):
     """A capture table does not follow the capture contract."""
 

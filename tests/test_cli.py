@@ -465,6 +465,56 @@ def test_a_driver_out_of_memory_is_one_line_naming_the_heap_and_the_remedies(tmp
     assert report["ok"] is False and report["reason"] == line.removeprefix("pgoutput-spark: error: ")
 
 
+# A Java 8 as Spark's launcher meets it (no Java 8 is installed here): its version, and Spark's
+# launcher classes, built for Java 17, refused.
+_JAVA_8 = """#!/bin/sh
+if [ "$1" = "-version" ]; then
+  echo 'java version "1.8.0_392"' >&2
+  exit 0
+fi
+echo 'Exception in thread "main" java.lang.UnsupportedClassVersionError: org/apache/spark/launcher/Main has been' \\
+  'compiled by a more recent version of the Java Runtime (class file version 61.0)' >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("jdk", ["missing", "java-8"])
+def test_a_java_spark_cannot_start_on_is_one_line_naming_it(tmp_path, jdk):
+    """Spark's JVM not started (no java where JAVA_HOME says; a Java Spark does not run on):
+    one line naming the java and what to do, not pyspark's "Java gateway process exited"."""
+    import json
+    import subprocess
+    import sys
+
+    import pyspark
+
+    home = tmp_path / "jdk"
+    if jdk == "java-8":
+        (home / "bin").mkdir(parents=True)
+        (home / "bin" / "java").write_text(_JAVA_8)
+        (home / "bin" / "java").chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "pgoutput_spark.cli", "apply", "--json", "--target", str(tmp_path / "t")],
+        cwd=ROOT, env={**os.environ, "JAVA_HOME": str(home)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    java = home / "bin" / "java"
+    why = {"missing": f"there is no {java} (JAVA_HOME={home})",
+           "java-8": f"{java} is Java 8, and Spark {pyspark.__version__} runs on Java 17 or 21 only; set "
+                     f"JAVA_HOME to one of those"}[jdk]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == f"pgoutput-spark: error: Spark's JVM did not start: {why}", done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] == "SparkStartError" and report["reason"] == line.removeprefix("pgoutput-spark: error: ")
+
+
+def test_the_java_spark_runs_here_is_one_it_supports():
+    """`java_version` reads the version of the java Spark's launcher runs (the suite's own)."""
+    from pgoutput_spark.spark.localfs import java_command
+    from pgoutput_spark.spark.session import SPARK_JAVA_VERSIONS, java_version
+
+    assert java_version(java_command()) in SPARK_JAVA_VERSIONS
+
+
 def test_a_capture_file_cut_short_is_named_with_what_to_do(capsys, tmp_path):
     """A landing with a file cut short (an upload that failed): one line naming the file and
     Parquet's complaint, nothing applied."""

@@ -83,7 +83,7 @@ def compiled_classes(*, cache: Path | None = None, java: str | None = None,
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".localfs-", dir=root))
         try:
-            java_bin = java or _java()
+            java_bin = java or java_command()
             done = subprocess.run(
                 [java_bin, "-cp", os.pathsep.join(map(str, compiler)), _COMPILER, "-d", str(staging),
                  "-classpath", os.pathsep.join(map(str, sorted(jars.glob("*.jar")))), *map(str, sources)],
@@ -111,7 +111,7 @@ def _spark_jars() -> Path:
     return Path(_find_spark_home()) / "jars"
 
 
-def _java() -> str:
+def java_command() -> str:
     """The java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the first on ``PATH``."""
     home = os.environ.get("JAVA_HOME")
     if home:

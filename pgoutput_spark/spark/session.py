@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -16,13 +17,14 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark import SparkConf, SparkContext
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..config import LOCAL_SPARK_CONF
-from ..errors import CaptureError, PgoutputSparkError
-from .localfs import local_fs_settings
+from ..errors import CaptureError, PgoutputSparkError, SparkStartError
+from .localfs import java_command, local_fs_settings
 
 T = TypeVar("T")
 
@@ -109,12 +111,57 @@ def build_spark_session(
         builder = builder.config(key, value)
     if "spark.jars.packages" not in settings:
         builder = configure_spark_with_delta_pip(builder)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as exc:  # Spark's launcher, or its JVM, exited before the gateway was up
+        if exc.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        raise SparkStartError(jvm_start_failure()) from exc
     spark.sparkContext.setLogLevel("WARN")
     # Kept for `spark_failure`, which may have to name it after the JVM is gone.
     _driver_memory[0] = spark.sparkContext.getConf().get("spark.driver.memory", None)
     _quiet_accumulator_server(spark.sparkContext)
     return spark
+
+
+#: The Java versions Spark 4.0 runs on (the project is tested on 17).
+SPARK_JAVA_VERSIONS = (17, 21)
+
+
+def jvm_start_failure(java: str | None = None) -> str:
+    """Why Spark's JVM did not start, for a session this process launches: no Java, or a Java
+    Spark does not run on (newer ones fail inside Hadoop, `Subject.getSubject`), with the
+    remedy; else a pointer to the JVM's own output (on stderr, above the error)."""
+    from pyspark import __version__ as spark_version
+
+    try:
+        java = java or java_command()
+    except FileNotFoundError:
+        return "Spark's JVM did not start: no java on PATH and no JAVA_HOME; install Java 17 or 21"
+    if not Path(java).is_file():
+        return f"Spark's JVM did not start: there is no {java} (JAVA_HOME={os.environ.get('JAVA_HOME')})"
+    version = java_version(java)
+    if version is None:
+        return (f"Spark's JVM did not start: {java} did not run, or did not say its version; set JAVA_HOME "
+                f"to a Java 17 or 21")
+    if version not in SPARK_JAVA_VERSIONS:
+        return (f"Spark's JVM did not start: {java} is Java {version}, and Spark {spark_version} runs on "
+                f"Java 17 or 21 only; set JAVA_HOME to one of those")
+    return f"Spark's JVM did not start with {java} (Java {version}): its output, above, says why"
+
+
+def java_version(java: str) -> int | None:
+    """The major version ``java -version`` prints (8 for "1.8.0_392"); None where it does not run
+    or says none."""
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if done.returncode != 0 or found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
 
 
 def session_settings(master: str | None, conf: Mapping[str, str] | None) -> dict[str, str]:

@@ -22,6 +22,7 @@ from .errors import (
     ConfigError,
     DecodeError,
     PgoutputSparkError,
+    SparkStartError,
     StreamStateError,
 )
 from .lsn import Lsn
@@ -34,6 +35,7 @@ __all__ = [
     "DecodeError",
     "Lsn",
     "PgoutputSparkError",
+    "SparkStartError",
     "StreamStateError",
     "__version__",
     "build_spark_session",

@@ -89,6 +89,8 @@ def build_spark_session(
     (``spark.hadoop.fs.file.impl``). The Delta
     connector jar is resolved from Maven through ``configure_spark_with_delta_pip``
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
+    A JVM this call starts that exits before Spark is up (no Java, or a Java Spark does not
+    run on) raises `SparkStartError` saying which java and what to do (`jvm_start_failure`).
     """
     from delta import configure_spark_with_delta_pip
 

@@ -478,33 +478,44 @@ exit 1
 """
 
 
-@pytest.mark.parametrize("jdk", ["missing", "java-8"])
-def test_a_java_spark_cannot_start_on_is_one_line_naming_it(tmp_path, jdk):
-    """Spark's JVM not started (no java where JAVA_HOME says; a Java Spark does not run on):
-    one line naming the java and what to do, not pyspark's "Java gateway process exited"."""
+@pytest.mark.parametrize("jdk", ["missing", "java-8", "bad-heap"])
+def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
+    """Spark's JVM not started (no java where JAVA_HOME says; a Java Spark does not run on; the
+    suite's own Java given a heap size it refuses): one line naming the java and what to do, not
+    pyspark's "Java gateway process exited"."""
     import json
     import subprocess
     import sys
 
     import pyspark
 
+    from pgoutput_spark.spark.localfs import java_command
+    from pgoutput_spark.spark.session import java_version
+
     home = tmp_path / "jdk"
+    env, args = {**os.environ, "JAVA_HOME": str(home)}, []
     if jdk == "java-8":
         (home / "bin").mkdir(parents=True)
         (home / "bin" / "java").write_text(_JAVA_8)
         (home / "bin" / "java").chmod(0o755)
+    elif jdk == "bad-heap":
+        env, args = {**os.environ}, ["--conf", "spark.driver.memory=abc"]
     done = subprocess.run(
-        [sys.executable, "-m", "pgoutput_spark.cli", "apply", "--json", "--target", str(tmp_path / "t")],
-        cwd=ROOT, env={**os.environ, "JAVA_HOME": str(home)}, capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pgoutput_spark.cli", "apply", "--json", "--target", str(tmp_path / "t"), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     java = home / "bin" / "java"
-    why = {"missing": f"there is no {java} (JAVA_HOME={home})",
-           "java-8": f"{java} is Java 8, and Spark {pyspark.__version__} runs on Java 17 or 21 only; set "
-                     f"JAVA_HOME to one of those"}[jdk]
+    why = {"missing": f": there is no {java} (JAVA_HOME={home})",
+           "java-8": f": {java} is Java 8, and Spark {pyspark.__version__} runs on Java 17 or 21 only; set "
+                     f"JAVA_HOME to one of those",
+           "bad-heap": f" with {java_command()} (Java {java_version(java_command())}): its output, above, says why",
+           }[jdk]
     line = done.stderr.strip().splitlines()[-1]
-    assert line == f"pgoutput-spark: error: Spark's JVM did not start: {why}", done.stderr[-3000:]
+    assert line == f"pgoutput-spark: error: Spark's JVM did not start{why}", done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["error"] == "SparkStartError" and report["reason"] == line.removeprefix("pgoutput-spark: error: ")
+    if jdk == "bad-heap":  # the JVM's own output, above the line
+        assert "Invalid maximum heap size: -Xmxabc" in done.stderr, done.stderr[-3000:]
 
 
 def test_the_java_spark_runs_here_is_one_it_supports():

@@ -128,27 +128,28 @@ def build_spark_session(
 
 #: The Java versions Spark 4.0 runs on (the project is tested on 17).
 SPARK_JAVA_VERSIONS = (17, 21)
+_SPARK_JAVAS = "Java " + " or ".join(map(str, SPARK_JAVA_VERSIONS))
 
 
-def jvm_start_failure(java: str | None = None) -> str:
+def jvm_start_failure() -> str:
     """Why Spark's JVM did not start, for a session this process launches: no Java, or a Java
     Spark does not run on (newer ones fail inside Hadoop, `Subject.getSubject`), with the
     remedy; else a pointer to the JVM's own output (on stderr, above the error)."""
     from pyspark import __version__ as spark_version
 
     try:
-        java = java or java_command()
+        java = java_command()
     except FileNotFoundError:
-        return "Spark's JVM did not start: no java on PATH and no JAVA_HOME; install Java 17 or 21"
+        return f"Spark's JVM did not start: no java on PATH and no JAVA_HOME; install {_SPARK_JAVAS}"
     if not Path(java).is_file():
         return f"Spark's JVM did not start: there is no {java} (JAVA_HOME={os.environ.get('JAVA_HOME')})"
     version = java_version(java)
     if version is None:
         return (f"Spark's JVM did not start: {java} did not run, or did not say its version; set JAVA_HOME "
-                f"to a Java 17 or 21")
+                f"to a {_SPARK_JAVAS}")
     if version not in SPARK_JAVA_VERSIONS:
         return (f"Spark's JVM did not start: {java} is Java {version}, and Spark {spark_version} runs on "
-                f"Java 17 or 21 only; set JAVA_HOME to one of those")
+                f"{_SPARK_JAVAS} only; set JAVA_HOME to one of those")
     return f"Spark's JVM did not start with {java} (Java {version}): its output, above, says why"
 
 

@@ -66,7 +66,8 @@ class PgClusterError(RuntimeError):
     """The throwaway cluster could not be set up, started, stopped or used."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback that nothing listened on a moment ago (the system's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -185,7 +186,7 @@ class PgCluster:
             self._chown(root)
             self._initdb(root / "data")
             for attempt in range(3):
-                self._port = _free_port()
+                self._port = free_port()
                 self._write_settings(root / "data", root, self._port, self._settings)
                 result = self._run_tool(
                     "pg_ctl", "-D", str(root / "data"), "-l", str(root / "server.log"),

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pgoutput_spark.slot.landing import STORAGE_EMULATOR_HOST, gcs_emulator
-from pgoutput_spark.testing.pgcluster import _free_port
+from pgoutput_spark.testing.pgcluster import free_port
 
 from .s3 import Bucket
 
@@ -113,7 +113,7 @@ def prepare() -> None:
 def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fake-gcs-server on loopback, in memory, with the test bucket."""
     binary = server_binary()
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("gcs") / "server.log"
     with log.open("wb") as out:

@@ -157,14 +157,14 @@ def test_a_gs_landing_retries_for_a_bounded_time(monkeypatch: pytest.MonkeyPatch
 
 def test_object_storage_errors_name_the_landing_and_what_it_was_doing(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from pgoutput_spark.slot import landing as module
-    from pgoutput_spark.testing.pgcluster import _free_port
+    from pgoutput_spark.testing.pgcluster import free_port
 
     # S3 (moto, the `s3` fixture's endpoint): a bucket that is not there.
     with pytest.raises(CaptureError, match=r"^s3a://no-such-bucket/landing: can't create or check the landing: "
                                            r".*no-such-bucket"):
         ParquetLanding("s3a://no-such-bucket/landing").open(INFO)
     # GCS: nothing listens where STORAGE_EMULATOR_HOST points; its retries bounded (1 s here).
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setattr(module, "GCS_RETRY_SECONDS", 1)
     with pytest.raises(CaptureError, match=r"^gs://bucket/landing: can't read the landing's information: .*\S"):
         ParquetLanding("gs://bucket/landing").info()

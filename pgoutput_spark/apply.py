@@ -93,7 +93,7 @@ from .mirroring.rows import (
 from .reading import NotReadableError, Status, mirror, started_by_snapshot, status
 from .results import ApplyResult, TableResult, utc_from_micros
 from .spark.assemble import (Assembled, ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
-                             session_end_lines, to_forget)
+                             session_end_lines, status_asker, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, converter, relation_rows, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.sessions import Sessions, find_sessions
@@ -139,7 +139,8 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
               progress: Callable[[str], None] | None = None,
               rebuild: tuple[str, ...] | list[str] = (),
               accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None,
-              forget_xids: tuple[int, ...] | list[int] = ()) -> ApplyResult:
+              forget_xids: tuple[int, ...] | list[int] = (),
+              forget_aborted: str | None = None) -> ApplyResult:
     """Apply the next slice of ``capture`` to the mirror tables under ``target``.
 
     ``table_path`` places each mirror (default ``{root}/{schema}/{table}``);
@@ -209,6 +210,14 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     `ConfigError` before anything is written, except in a run that redoes an interrupted
     one, which may have forgotten it already (the same command retried). With nothing new in
     the capture the run only forgets.
+
+    ``forget_aborted``: a libpq connection string to the capture's source server (``""``: the
+    PG* environment variables). The run asks it (``pg_xact_status``) about the streamed
+    transactions open at the target's position, but for one whose stream block the capture is
+    still inside, and forgets those it reports aborted, as with ``forget_xids``; it says which
+    it kept open and why (in progress, committed: its end is still to come; or too old for the
+    server to tell). Its one query runs only when some are open. It must be the server the
+    capture came from, or a standby of it: another's answers are about other transactions.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -224,9 +233,10 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                               accept=accept_late_files)
     redone = lease.status == "running"
     forgotten: tuple[ForgottenStream, ...] = ()
-    if forget_xids:
+    if forget_xids or forget_aborted is not None:
         with _step("check the transactions to forget"):  # before the claim: an error leaves the target as it is
-            forgotten = to_forget(spark, ledger.pending_path, lo, lease.scan, tuple(forget_xids), redone=redone)
+            forgotten = to_forget(spark, ledger.pending_path, lo, lease.scan, tuple(forget_xids), redone=redone,
+                                  ask=status_asker(forget_aborted), say=progress)
     counts = None  # (rows, messages) of the slice, where finding its end counted them
     note = None
     remaining = False  # max_messages ends this run before the capture (or its slice) ends

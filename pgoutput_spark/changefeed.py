@@ -45,7 +45,7 @@ from .mirroring.delta import (
     vacuum_tables,
 )
 from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
-                             saved_open_rows, session_end_lines, to_forget)
+                             saved_open_rows, session_end_lines, status_asker, to_forget)
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
 from .spark.sessions import Sessions, find_sessions
@@ -169,7 +169,8 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                 max_messages: int | None = None,
                 progress: Callable[[str], None] | None = None,
                 accept_late_files: bool = False, seq_gaps: Literal["fail", "allow"] | None = None,
-                tables: TablesConfig | None = None, forget_xids: tuple[int, ...] | list[int] = ()) -> ChangesResult:
+                tables: TablesConfig | None = None, forget_xids: tuple[int, ...] | list[int] = (),
+                forget_aborted: str | None = None) -> ChangesResult:
     """Apply the next slice of ``capture`` to the change tables under ``target``.
 
     ``max_messages`` bounds a run's size as for `pgoutput_spark.apply.run_apply`: the
@@ -190,7 +191,9 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
 
     ``forget_xids`` forgets streamed transactions open at the target's position that
     PostgreSQL will never end, as `run_apply`'s does (their saved rows deleted unwritten,
-    recorded in the run's row of ``_pgoutput/runs`` and in ``forgotten``).
+    recorded in the run's row of ``_pgoutput/runs`` and in ``forgotten``); ``forget_aborted``
+    (a connection string to the capture's source server) forgets those it reports aborted, as
+    `run_apply`'s does.
     """
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
@@ -206,8 +209,9 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
                           remedy="start the change tables over in a new target, or run with "
                                  "--accept-late-files (accept_late_files=True) to go on without them")
     forgotten: tuple[ForgottenStream, ...] = ()
-    if forget_xids:  # checked before anything is written
-        forgotten = to_forget(spark, state.pending_path, lo, scan_in, tuple(forget_xids), redone=started)
+    if forget_xids or forget_aborted is not None:  # checked before anything is written
+        forgotten = to_forget(spark, state.pending_path, lo, scan_in, tuple(forget_xids), redone=started,
+                              ask=status_asker(forget_aborted), say=progress)
     say = progress or (lambda line: None)
     remaining = False
     counts = None  # (rows, messages) of the slice, where finding its end counted them

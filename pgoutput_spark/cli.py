@@ -142,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--forget-xid", action="append", type=int, default=[], metavar="XID",
                          help="forget this streamed transaction, open at the target's position, which "
                               "PostgreSQL reports aborted and will never end (as for apply; repeatable)")
+    changes.add_argument("--forget-aborted", action="store_true",
+                         help="ask the capture's source server (--dsn) about the streamed transactions open "
+                              "at the target's position, and forget those it reports aborted (as for apply)")
+    changes.add_argument("--dsn", help="with --forget-aborted: libpq connection string to the capture's source "
+                                       "server (default: the PG* environment variables)")
     changes.add_argument("--allow-seq-gaps", action="store_true",
                          help="write a slice that misses seqs of a landing of `capture` (by default a "
                               "missing one fails the run: files deleted or expired)")
@@ -168,6 +173,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="forget this streamed transaction, open at the target's position (status lists "
                             "it), which PostgreSQL reports aborted and will never end: its rows are deleted "
                             "unapplied (repeatable)")
+    apply.add_argument("--forget-aborted", action="store_true",
+                       help="ask the capture's source server (--dsn) about the streamed transactions open at the "
+                            "target's position (pg_xact_status), and forget those it reports aborted")
+    apply.add_argument("--dsn", help="with --forget-aborted: libpq connection string to the capture's source "
+                                     "server (default: the PG* environment variables)")
     apply.add_argument("--accept-late-files", action="store_true",
                        help="go on past capture files that landed after runs applied past their seqs "
                             "(after rebuilding or re-snapshotting the mirrors they miss)")
@@ -316,7 +326,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
                          slice_where=args.slice_where, max_messages=args.max_messages,
                          net_task_rows=args.net_task_rows or config.apply.net_task_rows, progress=say,
                          rebuild=rebuild.pop() if rebuild else [],
-                         forget_xids=forget.pop() if forget else [],
+                         forget_xids=forget.pop() if forget else [], forget_aborted=_forget_aborted(args),
                          accept_late_files=args.accept_late_files,
                          seq_gaps="allow" if args.allow_seq_gaps else None)
 
@@ -346,8 +356,14 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
                             progress=say, accept_late_files=args.accept_late_files,
                             seq_gaps="allow" if args.allow_seq_gaps else None, tables=config.tables,
-                            forget_xids=forget.pop() if forget else []),
+                            forget_xids=forget.pop() if forget else [], forget_aborted=_forget_aborted(args)),
         args.until_caught_up, say)
+
+
+def _forget_aborted(args: argparse.Namespace) -> str | None:
+    """``forget_aborted`` of `run_apply` and `run_changes`: the connection string to ask, ``""``
+    for the PG* environment variables, None without --forget-aborted (checked with the arguments)."""
+    return (args.dsn or "") if args.forget_aborted else None
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
@@ -461,7 +477,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command in ("apply", "changes") and args.dsn and not args.forget_aborted:
+        parser.error(f"{args.command}: --dsn is for --forget-aborted (the only reason {args.command} connects "
+                     f"to PostgreSQL)")
     as_json = getattr(args, "json", False)
     try:
         if args.command == "capture":

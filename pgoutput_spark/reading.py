@@ -98,7 +98,9 @@ class Status:
             if old:
                 lines.append(f"  streamed and open across runs: {', '.join(map(str, old))}. One that its walsender "
                              f"session left behind is never sent again: if PostgreSQL reports it aborted "
-                             f"(SELECT pg_xact_status('{old[0]}'::xid8)), forget it (apply --forget-xid {old[0]})")
+                             f"(SELECT pg_xact_status('{old[0]}'::xid8)), forget it (apply --forget-xid {old[0]}), "
+                             f"or let the runs ask it and forget what it reports aborted (apply --forget-aborted "
+                             f"--dsn DSN)")
         if self.mirrors:
             lines.append("mirrors:")
             width = max(len(t) for t in self.mirrors)

@@ -349,7 +349,7 @@ def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_o
     calls = []
 
     def fake_run_apply(spark, capture, target, **options):
-        calls.append((options["rebuild"], options["forget_xids"]))
+        calls.append((options["rebuild"], options["forget_xids"], options["forget_aborted"]))
         n = len(calls)
         return types.SimpleNamespace(hi=n * 10, messages=10, remaining=n < 3, redone=False)
 
@@ -358,13 +358,19 @@ def test_until_caught_up_runs_while_more_remains_and_rebuilds_in_the_first_run_o
     lines = []
     monkeypatch.setattr(cli, "_progress", lambda args: lines.append)
     args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10", "--until-caught-up",
-                                     "--rebuild", "shop.customers", "--forget-xid", "7", "--forget-xid", "9"])
+                                     "--rebuild", "shop.customers", "--forget-xid", "7", "--forget-xid", "9",
+                                     "--forget-aborted", "--dsn", "dbname=shop"])
     last = cli.run_apply_command(load_config(None), args)
-    assert calls == [(["shop.customers"], [7, 9]), ([], []), ([], [])] and last.hi == 30
+    # Every run asks the server (a bounded run may leave a new transaction open).
+    assert calls == [(["shop.customers"], [7, 9], "dbname=shop"), ([], [], "dbname=shop"),
+                     ([], [], "dbname=shop")] and last.hi == 30
     assert lines == [f"run up to seq {hi} done (10 messages); running again" for hi in (10, 20)]
     calls.clear()
     args = cli._parser().parse_args(["apply", "--target", "t", "--max-messages", "10"])
-    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [([], [])]  # one run without it
+    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [([], [], None)]  # one run without
+    calls.clear()
+    args = cli._parser().parse_args(["apply", "--target", "t", "--forget-aborted"])  # the PG* variables
+    assert cli.run_apply_command(load_config(None), args).hi == 10 and calls == [([], [], "")]
 
 
 def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
@@ -377,14 +383,25 @@ def test_changes_passes_max_messages_and_runs_until_caught_up(monkeypatch):
     bounds = []
 
     def fake_run_changes(spark, capture, target, **options):
-        bounds.append((options["max_messages"], options["forget_xids"]))
+        bounds.append((options["max_messages"], options["forget_xids"], options["forget_aborted"]))
         return types.SimpleNamespace(hi=len(bounds), messages=5, remaining=len(bounds) < 2, redone=False)
 
     monkeypatch.setattr(changefeed, "run_changes", fake_run_changes)
     monkeypatch.setattr(cli, "_capture", lambda config: (None, None, None))
     args = cli._parser().parse_args(["changes", "--target", "t", "--max-messages", "5", "--until-caught-up",
-                                     "--forget-xid", "12"])
-    assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [(5, [12]), (5, [])]
+                                     "--forget-xid", "12", "--forget-aborted"])
+    assert cli.run_changes_command(load_config(None), args).hi == 2 and bounds == [(5, [12], ""), (5, [], "")]
+
+
+@pytest.mark.parametrize("command", ["apply", "changes"])
+def test_a_dsn_without_forget_aborted_is_refused(command, capsys):
+    """--dsn is for --forget-aborted only: alone, a mistake (the run would not connect)."""
+    from pgoutput_spark import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main([command, "--target", "t", "--dsn", "dbname=shop"])
+    assert exited.value.code == 2
+    assert f"{command}: --dsn is for --forget-aborted" in capsys.readouterr().err
 
 
 def test_conf_sets_spark_settings_over_the_configuration():

@@ -622,26 +622,50 @@ def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None,
 
 @dataclass(frozen=True)
 class ForgottenStream:
-    """A streamed transaction a run forgot (``forget_xids``): its rows, saved open since its
-    first segment, were deleted unapplied, as if PostgreSQL had sent its Stream Abort."""
+    """A streamed transaction a run forgot (``forget_xids``, or ``forget_aborted``: ``asked``):
+    its rows, saved open since its first segment, were deleted unapplied, as if PostgreSQL had
+    sent its Stream Abort."""
 
     xid: int
     first_seq: int  # seq of its first segment's Stream Start
     rows: int  # rows of it saved in ``_pgoutput/pending``, deleted
+    asked: bool = False  # forgotten because the source server reported it aborted (``forget_aborted``)
 
     def note(self) -> str:
         """What a run says of it (its result, progress line and log)."""
-        return (f"forgotten (forget_xids): streamed transaction {self.xid}, open since seq {self.first_seq}, "
+        why = "PostgreSQL reports it aborted" if self.asked else "forget_xids"
+        return (f"forgotten ({why}): streamed transaction {self.xid}, open since seq {self.first_seq}, "
                 f"{self.rows} rows left out unapplied")
 
 
+#: Asks the source server for transactions' outcomes: xid -> ``pg_xact_status`` (None: it
+#: cannot tell). `pgoutput_spark.slot.xact_status.xact_statuses` with a connection string.
+AskStatus = Callable[[list[int]], dict[int, str | None]]
+
+
+def status_asker(forget_aborted: str | None) -> AskStatus | None:
+    """`to_forget`'s ``ask`` for a run's ``forget_aborted``, a libpq connection string (``""``:
+    the PG* environment variables); None, for None: the run asks nothing."""
+    if forget_aborted is None:
+        return None
+    from ..slot.xact_status import xact_statuses
+
+    return lambda xids: xact_statuses(forget_aborted or None, xids)
+
+
 def to_forget(spark: SparkSession, path: str, lo: int | None, scan: ScanState, xids: tuple[int, ...], *,
-              redone: bool) -> tuple[ForgottenStream, ...]:
+              redone: bool, ask: AskStatus | None = None,
+              say: Callable[[str], None] | None = None) -> tuple[ForgottenStream, ...]:
     """The streamed transactions ``xids`` open in the rows saved at ``path`` by the run that
     ended at ``lo`` (a run's ``forget_xids``); `ConfigError`, naming those that are open, for
     any other, and for one whose stream block the capture is still inside at ``lo`` (``scan``:
     its next messages continue it). A run that redoes an interrupted one (``redone``) takes an
-    xid that is not open as forgotten by it (the same command retried), and logs so."""
+    xid that is not open as forgotten by it (the same command retried), and logs so.
+
+    With ``ask`` (a run's ``forget_aborted``), the source server is asked about the other
+    streamed transactions open there, but for one whose stream block the capture is inside:
+    those it reports aborted are forgotten too; each it reports otherwise is logged and told
+    to ``say`` (kept open: its end is still to come, or the server cannot tell)."""
     streams = {} if lo is None else open_streams(spark, path, lo)
     opened = ", ".join(f"{xid} (since seq {first}, {rows} rows)" for xid, (first, rows) in sorted(streams.items()))
     at = "the start" if lo is None else f"seq {lo}"
@@ -656,7 +680,25 @@ def to_forget(spark: SparkSession, path: str, lo: int | None, scan: ScanState, x
         elif xid == scan.last_stream_xid:
             raise ConfigError(f"forget_xids: the capture is still inside a stream block of transaction {xid} "
                               f"at the target's position ({at}): its next messages continue it. Nothing was written")
-    return tuple(ForgottenStream(xid, *streams[xid]) for xid in sorted(set(xids)) if xid in streams)
+    aborted: set[int] = set()
+    candidates = sorted(set(streams) - set(xids) - {scan.last_stream_xid})
+    if ask is not None and candidates:
+        statuses = ask(candidates)
+        for xid in candidates:
+            status = statuses.get(xid)
+            if status == "aborted":
+                aborted.add(xid)
+                continue
+            first, rows = streams[xid]
+            line = (f"kept open (forget_aborted): streamed transaction {xid}, open since seq {first}, {rows} rows: "
+                    + (f"PostgreSQL reports it {status}" if status is not None else
+                       "PostgreSQL no longer knows its outcome (older than its oldest transaction status); if it "
+                       "aborted, forget it with forget_xids"))
+            (_log.info if status is not None else _log.warning)("%s", line)
+            if say is not None:
+                say(line)
+    return tuple(ForgottenStream(xid, *streams[xid], asked=xid in aborted)
+                 for xid in sorted(set(xids) | aborted) if xid in streams)
 
 
 def open_streams(spark: SparkSession, path: str, run_hi: int | None) -> dict[int, tuple[int, int]]:

@@ -975,7 +975,8 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
     firsts = {xid: (seq, rows) for _, xid, seq, _, rows in opened}
     assert (f"streamed and open across runs: {xids[0]}, {xids[1]}. One that its walsender session left behind "
             f"is never sent again: if PostgreSQL reports it aborted (SELECT pg_xact_status('{xids[0]}'::xid8)), "
-            f"forget it (apply --forget-xid {xids[0]})") in status(spark, target).render()
+            f"forget it (apply --forget-xid {xids[0]}), or let the runs ask it and forget what it reports aborted "
+            f"(apply --forget-aborted --dsn DSN)") in status(spark, target).render()
     feed = str(tmp_path / "feed")
 
     def apply(*forget: int) -> ApplyResult:
@@ -1014,6 +1015,83 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
     with pytest.raises(ConfigError, match=r"open ones: none"):
         apply(xids[1])
     assert apply().skipped
+    for table, columns in (("big", "id, pad"), ("side", "id, v")):
+        mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
+        assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {columns} FROM {table}", dbname=db))
+
+
+def test_runs_that_ask_postgresql_forget_the_streamed_transactions_it_reports_aborted(spark, pg15, tmp_path):
+    """``forget_aborted``: the runs ask the source server about the streamed transactions open
+    at the target's position. Two transactions stream in a walsender session that then ends;
+    one aborts, the other goes on. The next session sends neither (the first aborted, the
+    second has sent nothing new). A run that asks forgets the aborted one and keeps the other,
+    which PostgreSQL reports in progress, saying so; the `changes` job likewise. That one then
+    commits: a third session sends it whole, and the mirrors hold its rows, equal to
+    PostgreSQL's tables after every run; nothing stays open."""
+    from pgoutput_spark.spark.assemble import ForgottenStream
+
+    db, slot, streaming = _big_and_side(pg15, "apply_ask")
+    dsn = pg15.conninfo(db)
+    d = Driver(pg15, db)
+    try:
+        d.txn("INSERT INTO side VALUES (1, 'before')")
+        aborts, goes_on = d.session(), d.session()
+        pad = "repeat(md5(g::text), 8)"  # 400 rows of it pass logical_decoding_work_mem (64kB)
+        for i, orphan in enumerate((aborts, goes_on)):
+            orphan.execute(f"INSERT INTO big SELECT g, {pad} FROM generate_series({i * 1000}, {i * 1000 + 399}) g")
+        d.txn("INSERT INTO side VALUES (2, 'beside')")
+        first = pg15.peek_pgoutput(slot, **streaming)
+        aborts.rollback()
+        aborts.close()
+        d.txn("UPDATE side SET v = 'after' WHERE id = 1")
+        xids = [decode_message(m.data).xid for m in first if m.data[:1] == b"S"]  # type: ignore[attr-defined]
+        assert len(set(xids)) == 2 and not [m for m in first if m.data[:1] in (b"c", b"A")]
+        aborted, open_xid = sorted(set(xids), key=xids.index)  # streamed in that order
+        kinds = [m.data[:1] for m in first]
+        confirmed = decode_message(first[len(kinds) - 1 - kinds[::-1].index(b"C")].data).end_lsn  # type: ignore[attr-defined]
+        pg15.query("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, str(Lsn(confirmed))), dbname=db)
+        second = pg15.peek_pgoutput(slot, seq_start=len(first), **streaming)
+        assert not [m for m in second if m.data[:1] in (b"S", b"A")]  # neither sent again, nor aborted
+        messages = first + second
+        _, results = _apply_and_compare(spark, messages, d.workload, tmp_path, [len(first)], run_after={0})
+        target, landing, feed = str(tmp_path / "target"), tmp_path / "landing", str(tmp_path / "feed")
+        firsts = {xid: (seq, rows) for _, xid, seq, _, rows in status(spark, target).open_transactions}
+        assert sorted(firsts) == sorted(set(xids))
+
+        said: list[str] = []
+        asked = run_apply(spark, read_capture(spark, str(landing)), target, forget_aborted=dsn, progress=said.append)
+        assert (asked.lo, asked.hi, asked.tables) == (results[-1].hi, results[-1].hi, [])  # nothing new: forgets only
+        assert asked.forgotten == (ForgottenStream(aborted, *firsts[aborted], asked=True),)
+        assert f"forgotten (PostgreSQL reports it aborted): streamed transaction {aborted}" in asked.render()
+        assert f"kept open (forget_aborted): streamed transaction {open_xid}, open since seq " \
+               f"{firsts[open_xid][0]}, {firsts[open_xid][1]} rows: PostgreSQL reports it in progress" in said
+        assert [xid for _, xid, *_ in status(spark, target).open_transactions] == [open_xid]
+        assert run_changes(spark, read_capture(spark, str(landing)), feed).open_rows == sum(
+            rows for _, rows in firsts.values())
+        fed = run_changes(spark, read_capture(spark, str(landing)), feed, forget_aborted=dsn)
+        assert fed.forgotten == asked.forgotten and fed.hi == asked.hi  # nothing new: forgets only
+
+        d.txn(conn=goes_on)  # its 400 rows commit
+        goes_on.close()
+        pg15.query("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                   (slot, str(Lsn(decode_message(second[-1].data).end_lsn))), dbname=db)  # type: ignore[attr-defined]
+        third = pg15.peek_pgoutput(slot, seq_start=messages[-1].seq + 1, **streaming)
+        pg15.drop_slot(slot, dbname=db)
+    finally:
+        d.close()
+    assert open_xid in {decode_message(m.data).xid for m in third if m.data[:1] in (b"B", b"c")}  # type: ignore[attr-defined]
+    _land(third, tmp_path, landing, 2)
+    said.clear()
+    rest = run_apply(spark, read_capture(spark, str(landing)), target, forget_aborted=dsn, progress=said.append)
+    assert rest.forgotten == () and rest.open_rows == 0 and rest.hi == third[-1].seq
+    assert [line for line in said if "kept open" in line] == [  # asked before the run reads its commit
+        f"kept open (forget_aborted): streamed transaction {open_xid}, open since seq {firsts[open_xid][0]}, "
+        f"{firsts[open_xid][1]} rows: PostgreSQL reports it committed"]
+    assert status(spark, target).open_transactions == []
+    fed = run_changes(spark, read_capture(spark, str(landing)), feed, forget_aborted=dsn)
+    assert fed.forgotten == () and fed.open_rows == 0 and fed.changes == {"public.big": 400}
+    expected, what = _expected_at(d.workload, CaptureIndex(messages + third), rest.to_lsn)
+    Mirrors(spark, target, d.workload).assert_equal(expected, f"the last run, after {what}")
     for table, columns in (("big", "id, pad"), ("side", "id, v")):
         mirror = spark.read.format("delta").load(mirror_path(target, "public", table)).collect()
         assert sorted(tuple(r) for r in mirror) == sorted(pg15.query(f"SELECT {columns} FROM {table}", dbname=db))

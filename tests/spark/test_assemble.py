@@ -334,3 +334,37 @@ def test_forgetting_a_streamed_transaction_deletes_its_saved_rows_and_only_those
     left = sorted(tuple(r) for r in spark.read.format("delta").load(path).select("_run_hi", "seq").collect())
     assert left == [(5, 2), (5, 3), (10, 5), (10, 8), (10, 9), (10, 10)]
     assert open_streams(spark, path, 10) == {}
+
+
+def test_forgetting_what_the_server_reports_aborted_asks_about_the_open_streams_only(spark, tmp_path):
+    """`to_forget`'s ``ask`` (a run's ``forget_aborted``): asked about the streamed transactions
+    open at the position but those named in ``forget_xids`` and the one whose stream block the
+    capture is inside (13); it forgets those reported aborted and says why it keeps the others.
+    Against PostgreSQL's own answers: `test_apply_pg.py`."""
+    from pgoutput_spark.spark.assemble import ForgottenStream, to_forget
+
+    path = str(tmp_path / "pending")
+    rows = [(3, "stream_start", 7, None, 20), (4, "insert", 7, None, 20), (5, "stream_start", 11, None, 20),
+            (6, "stream_start", 12, None, 20), (7, "stream_start", 13, None, 20), (8, "stream_start", 14, None, 20)]
+    (spark.createDataFrame(rows, "seq long, message_type string, top_xid long, block_seq long, _run_hi long")
+     .write.format("delta").partitionBy("_run_hi").save(path))
+    asked: list[list[int]] = []
+
+    def ask(xids: list[int]) -> dict[int, str | None]:
+        asked.append(xids)
+        return {7: "aborted", 12: None, 13: "aborted", 14: "committed"}
+
+    said: list[str] = []
+    forgotten = to_forget(spark, path, 20, ScanState(None, 13), (11,), redone=False, ask=ask, say=said.append)
+    assert asked == [[7, 12, 14]]
+    assert forgotten == (ForgottenStream(7, 3, 2, asked=True), ForgottenStream(11, 5, 1))
+    assert [f.note() for f in forgotten] == [
+        "forgotten (PostgreSQL reports it aborted): streamed transaction 7, open since seq 3, 2 rows left out "
+        "unapplied",
+        "forgotten (forget_xids): streamed transaction 11, open since seq 5, 1 rows left out unapplied"]
+    assert said == [
+        "kept open (forget_aborted): streamed transaction 12, open since seq 6, 1 rows: PostgreSQL no longer knows "
+        "its outcome (older than its oldest transaction status); if it aborted, forget it with forget_xids",
+        "kept open (forget_aborted): streamed transaction 14, open since seq 8, 1 rows: PostgreSQL reports it "
+        "committed"]
+    assert to_forget(spark, path, None, ScanState(), (), redone=False, ask=ask) == () and len(asked) == 1  # none open

@@ -53,6 +53,8 @@ class Status:
 
     def render(self, last: int = 10) -> str:
         lines = []
+        if not self.runs and not self.run_count and not self.mirrors and self.position is None and not self.running:
+            lines.append("nothing here yet: no run or snapshot has written to this target (is its path right?)")
         point = "nothing applied yet" if self.read_point is None else str(Lsn(self.read_point))
         if self.read_point_time is not None:
             point += f" (committed {utc_text(self.read_point_time)})"

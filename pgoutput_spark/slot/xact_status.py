@@ -18,9 +18,6 @@ from .source import connect
 
 __all__ = ["xact_statuses"]
 
-#: What ``pg_xact_status`` answers: the transaction ended so, or still runs.
-STATUSES = ("committed", "aborted", "in progress")
-
 _EPOCH = 1 << 32
 
 
@@ -33,7 +30,7 @@ def xact_statuses(dsn: str | None, xids: Iterable[int]) -> dict[int, str | None]
     capture's open transactions are that recent unless the capture is more than 2^31
     transactions old, and then the server no longer knows them. One query; no transaction id
     is consumed. `CaptureError` when the server cannot be reached, refuses the query, or has not
-    assigned an xid yet (it is not the capture's source server)."""
+    assigned an xid yet (it is not the capture's source server, or a standby behind it)."""
     xids = sorted({int(x) for x in xids})
     if not xids:
         return {}
@@ -53,7 +50,7 @@ def xact_statuses(dsn: str | None, xids: Iterable[int]) -> dict[int, str | None]
             if isinstance(exc, pg_errors.InvalidParameterValue) and "in the future" in reason:
                 raise CaptureError(f"{where} has not assigned some of the transaction ids "
                                    f"{', '.join(map(str, xids))} yet ({reason}): it is not the server the "
-                                   f"capture came from") from None
+                                   f"capture came from, or a standby behind it") from None
             raise CaptureError(f"can't ask {where} for the status of transactions "
                                f"{', '.join(map(str, xids))}: {reason}") from None
     status = {int(f): s for f, s in rows}

@@ -499,11 +499,42 @@ exit 1
 """
 
 
-@pytest.mark.parametrize("jdk", ["missing", "java-8", "bad-heap"])
+# Where the suite's Java has no jlink (a JRE), a stand-in for a runtime cut down with it: the
+# suite's java for its version and modules, less the one Spark's launcher asks for, and that
+# java's refusal of a module it does not have.
+_JAVA_CUT_DOWN = """#!/bin/sh
+case "$1" in
+  -version) exec {java} -version ;;
+  --list-modules) {java} --list-modules | grep -v '^jdk.incubator.vector@'; exit 0 ;;
+esac
+echo 'Error occurred during initialization of boot layer'
+echo 'java.lang.module.FindException: Module jdk.incubator.vector not found'
+exit 1
+"""
+
+
+def _cut_down_java(home: Path, java: str) -> None:
+    """A Java runtime at ``home`` without the module jdk.incubator.vector: built by the suite's
+    JDK's jlink from its own modules, as users cut runtimes down for images (about 5 s), or,
+    without a jlink, `_JAVA_CUT_DOWN`."""
+    import subprocess
+
+    jdk = Path(java).resolve().parent.parent
+    if (jdk / "bin" / "jlink").is_file() and (jdk / "jmods").is_dir():
+        subprocess.run([str(jdk / "bin" / "jlink"), "--add-modules",
+                        "java.se,jdk.unsupported,jdk.management,jdk.zipfs,jdk.security.auth,jdk.crypto.ec",
+                        "--output", str(home), "--no-header-files", "--no-man-pages"], check=True, timeout=300)
+        return
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "java").write_text(_JAVA_CUT_DOWN.format(java=java))
+    (home / "bin" / "java").chmod(0o755)
+
+
+@pytest.mark.parametrize("jdk", ["missing", "java-8", "no-vector", "bad-heap"])
 def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
-    """Spark's JVM not started (no java where JAVA_HOME says; a Java Spark does not run on; the
-    suite's own Java given a heap size it refuses): one line naming the java and what to do, not
-    pyspark's "Java gateway process exited"."""
+    """Spark's JVM not started (no java where JAVA_HOME says; a Java Spark does not run on; one
+    without a module Spark asks for; the suite's own Java given a heap size it refuses): one
+    line naming the java and what to do, not pyspark's "Java gateway process exited"."""
     import json
     import subprocess
     import sys
@@ -519,6 +550,8 @@ def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
         (home / "bin").mkdir(parents=True)
         (home / "bin" / "java").write_text(_JAVA_8)
         (home / "bin" / "java").chmod(0o755)
+    elif jdk == "no-vector":
+        _cut_down_java(home, java_command())
     elif jdk == "bad-heap":
         env, args = {**os.environ}, ["--conf", "spark.driver.memory=abc"]
     done = subprocess.run(
@@ -529,6 +562,9 @@ def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
     why = {"missing": f": there is no {java} (JAVA_HOME={home})",
            "java-8": f": {java} is Java 8, and Spark {pyspark.__version__} runs on Java 17 or 21 only; set "
                      f"JAVA_HOME to one of those",
+           "no-vector": f": {java} (Java {java_version(java_command())}) has no module jdk.incubator.vector, which "
+                        f"Spark {pyspark.__version__}'s launcher adds to every JVM it starts (a Java runtime cut down "
+                        f"with jlink); set JAVA_HOME to a whole JDK or JRE, or to a runtime built with that module",
            "bad-heap": f" with {java_command()} (Java {java_version(java_command())}): its output, above, says why",
            }[jdk]
     line = done.stderr.strip().splitlines()[-1]
@@ -537,6 +573,8 @@ def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
     assert report["error"] == "SparkStartError" and report["reason"] == line.removeprefix("pgoutput-spark: error: ")
     if jdk == "bad-heap":  # the JVM's own output, above the line
         assert "Invalid maximum heap size: -Xmxabc" in done.stderr, done.stderr[-3000:]
+    if jdk == "no-vector":  # the JVM's refusal (on its stdout, which the command shares)
+        assert "Module jdk.incubator.vector not found" in done.stdout + done.stderr, done.stdout[-3000:]
 
 
 def test_the_java_spark_runs_here_is_one_it_supports():

@@ -150,7 +150,28 @@ def jvm_start_failure() -> str:
     if version not in SPARK_JAVA_VERSIONS:
         return (f"Spark's JVM did not start: {java} is Java {version}, and Spark {spark_version} runs on "
                 f"{_SPARK_JAVAS} only; set JAVA_HOME to one of those")
+    modules = java_modules(java)
+    if modules is not None and SPARK_JAVA_MODULE not in modules:
+        return (f"Spark's JVM did not start: {java} (Java {version}) has no module {SPARK_JAVA_MODULE}, which "
+                f"Spark {spark_version}'s launcher adds to every JVM it starts (a Java runtime cut down with "
+                f"jlink); set JAVA_HOME to a whole JDK or JRE, or to a runtime built with that module")
     return f"Spark's JVM did not start with {java} (Java {version}): its output, above, says why"
+
+
+#: The module Spark's launcher asks every JVM for (``--add-modules``, `JavaModuleOptions`):
+#: a runtime without it exits at once ("Module jdk.incubator.vector not found").
+SPARK_JAVA_MODULE = "jdk.incubator.vector"
+
+
+def java_modules(java: str) -> set[str] | None:
+    """The modules ``java --list-modules`` names; None where it does not run."""
+    try:
+        done = subprocess.run([java, "--list-modules"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return {line.split("@")[0].strip() for line in done.stdout.splitlines() if line.strip()}
 
 
 def java_version(java: str) -> int | None:

@@ -1026,8 +1026,9 @@ def test_runs_that_ask_postgresql_forget_the_streamed_transactions_it_reports_ab
     one aborts, the other goes on. The next session sends neither (the first aborted, the
     second has sent nothing new). A run that asks forgets the aborted one and keeps the other,
     which PostgreSQL reports in progress, saying so; the `changes` job likewise. That one then
-    commits: a third session sends it whole, and the mirrors hold its rows, equal to
-    PostgreSQL's tables after every run; nothing stays open."""
+    commits: a third session sends it (whole, or streamed again from its first segment), a run
+    that asks hears PostgreSQL report it committed and keeps it to apply its commit, and the
+    mirrors hold its rows, equal to PostgreSQL's tables after every run; nothing stays open."""
     from pgoutput_spark.spark.assemble import ForgottenStream
 
     db, slot, streaming = _big_and_side(pg15, "apply_ask")

@@ -525,8 +525,13 @@ def _cut_down_java(home: Path, java: str) -> None:
                         "java.se,jdk.unsupported,jdk.management,jdk.zipfs,jdk.security.auth,jdk.crypto.ec",
                         "--output", str(home), "--no-header-files", "--no-man-pages"], check=True, timeout=300)
         return
+    _java_script(home, _JAVA_CUT_DOWN.format(java=java))
+
+
+def _java_script(home: Path, script: str) -> None:
+    """``script`` as ``home``'s ``bin/java``, a stand-in for a Java not installed here."""
     (home / "bin").mkdir(parents=True)
-    (home / "bin" / "java").write_text(_JAVA_CUT_DOWN.format(java=java))
+    (home / "bin" / "java").write_text(script)
     (home / "bin" / "java").chmod(0o755)
 
 
@@ -547,9 +552,7 @@ def test_a_jvm_that_does_not_start_is_one_line_naming_the_java(tmp_path, jdk):
     home = tmp_path / "jdk"
     env, args = {**os.environ, "JAVA_HOME": str(home)}, []
     if jdk == "java-8":
-        (home / "bin").mkdir(parents=True)
-        (home / "bin" / "java").write_text(_JAVA_8)
-        (home / "bin" / "java").chmod(0o755)
+        _java_script(home, _JAVA_8)
     elif jdk == "no-vector":
         _cut_down_java(home, java_command())
     elif jdk == "bad-heap":

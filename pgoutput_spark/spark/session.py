@@ -165,11 +165,8 @@ SPARK_JAVA_MODULE = "jdk.incubator.vector"
 
 def java_modules(java: str) -> set[str] | None:
     """The modules ``java --list-modules`` names; None where it does not run."""
-    try:
-        done = subprocess.run([java, "--list-modules"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
+    done = _ask_java(java, "--list-modules")
+    if done is None:
         return None
     return {line.split("@")[0].strip() for line in done.stdout.splitlines() if line.strip()}
 
@@ -177,15 +174,21 @@ def java_modules(java: str) -> set[str] | None:
 def java_version(java: str) -> int | None:
     """The major version ``java -version`` prints (8 for "1.8.0_392"); None where it does not run
     or says none."""
-    try:
-        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
-    if done.returncode != 0 or found is None:
+    done = _ask_java(java, "-version")
+    found = None if done is None else re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if found is None:
         return None
     major = int(found.group(1))
     return int(found.group(2) or 0) if major == 1 else major
+
+
+def _ask_java(java: str, option: str) -> subprocess.CompletedProcess[str] | None:
+    """``java option`` run to its end (its output as text); None where it did not run or failed."""
+    try:
+        done = subprocess.run([java, option], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done if done.returncode == 0 else None
 
 
 def session_settings(master: str | None, conf: Mapping[str, str] | None) -> dict[str, str]:

@@ -22,11 +22,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import platform
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -37,13 +40,18 @@ import psycopg
 from .capture_files import CapturedMessage
 from ..slot.options import StreamingMode, flatten_options, pgoutput_options, quote_ident
 
-__all__ = ["CapturedMessage", "PgCluster", "PgClusterError"]
+__all__ = ["CapturedMessage", "PgCluster", "PgClusterError", "pgserver_bindir", "unpack_pgserver"]
 
 _log = logging.getLogger(__name__)
 
 _SERVER_USER = "postgres"
 _LOG_TAIL_LINES = 40
 _MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+#: The pgserver release whose PostgreSQL 16 binaries serve (the dev extra pins the same).
+PGSERVER = "pgserver==0.1.4"
+#: Where `pgserver_bindir` unpacks those binaries for a Python pgserver has no build for.
+_UNPACKED = Path(sys.prefix) / "share" / "pgoutput-spark" / PGSERVER.replace("==", "-")
+_WHEEL_BINDIR = Path("pgserver", "pginstall", "bin")
 
 # synchronous_commit stays on: logical decoding reads WAL only up to the flush
 # pointer, so with asynchronous commit a transaction that just committed is
@@ -72,6 +80,63 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def pgserver_bindir(*, unpack: bool = False) -> Path:
+    """The directory of the PostgreSQL 16 server binaries the ``pgserver`` wheel ships.
+
+    Those of the installed ``pgserver`` package; where it is not installed (Python 3.13, for
+    which pgserver has no build), those `unpack_pgserver` unpacked into this environment's
+    ``share/pgoutput-spark``, and with `unpack` it unpacks them there first if it has not yet
+    (``./dev test`` does that).
+    """
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin is not None:
+        return Path(spec.origin).parent / "pginstall" / "bin"
+    bindir = _UNPACKED / _WHEEL_BINDIR
+    if (bindir / "postgres").is_file():
+        return bindir
+    if not unpack:
+        raise PgClusterError(
+            f"PostgreSQL 16's binaries not found: the pgserver package is not installed"
+            f" (pip install '{PGSERVER}'; it is in the dev extra: pip install -e '.[dev]'),"
+            f" and none were unpacked from its wheel into {_UNPACKED} (on a Python pgserver has"
+            " no build for, `./dev test` unpacks them: python -c 'from pgoutput_spark.testing.pgcluster"
+            " import pgserver_bindir; pgserver_bindir(unpack=True)')"
+        )
+    return unpack_pgserver(_UNPACKED)
+
+
+def unpack_pgserver(root: Path) -> Path:
+    """Fetch pgserver's Python 3.12 wheel and unpack its PostgreSQL 16 into `root` (which must
+    not exist yet); return the directory of its server binaries.
+
+    The binaries are no Python extension: only the wheel's tag names a Python, so they serve
+    any. pip fetches the wheel (its index and settings apply); nothing of pgserver's Python is
+    unpacked, only the server and the libraries it links (``pgserver.libs``), in the wheel's
+    layout, which their relative RUNPATHs need.
+    """
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+        fetch = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "--python-version", "3.12", "--platform", f"manylinux2014_{platform.machine()}",
+                 "--dest", tmp, PGSERVER]
+        fetched = subprocess.run(fetch, capture_output=True, text=True)
+        if fetched.returncode:
+            raise PgClusterError(f"could not fetch the {PGSERVER} wheel: {' '.join(fetch)}"
+                                 f" exited {fetched.returncode}: {fetched.stderr.strip()[-2000:]}")
+        (wheel,) = Path(tmp).glob("pgserver-*.whl")
+        unpacked = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(wheel) as zipped:
+            for member in zipped.infolist():
+                if member.filename.startswith(("pgserver/pginstall/", "pgserver.libs/")) and not member.is_dir():
+                    path = Path(zipped.extract(member, unpacked))
+                    mode = member.external_attr >> 16 & 0o777  # zipfile leaves modes out
+                    if mode:
+                        path.chmod(mode)
+        unpacked.chmod(0o755)
+        os.replace(unpacked, root)
+    return root / _WHEEL_BINDIR
 
 
 class PgCluster:
@@ -110,17 +175,11 @@ class PgCluster:
 
     @classmethod
     def pgserver(cls, base_dir: str | Path | None = None) -> PgCluster:
-        """A cluster from the PostgreSQL 16 binaries in the ``pgserver`` wheel.
+        """A cluster from the PostgreSQL 16 binaries in the ``pgserver`` wheel (see `pgserver_bindir`).
 
         Only the package location is looked up; pgserver's own server is not started.
         """
-        spec = importlib.util.find_spec("pgserver")
-        if spec is None or spec.origin is None:
-            raise PgClusterError(
-                "the pgserver package is not installed: pip install 'pgserver==0.1.4'"
-                " (it is in the dev extra: pip install -e '.[dev]')"
-            )
-        return cls(Path(spec.origin).parent / "pginstall" / "bin", base_dir=base_dir)
+        return cls(pgserver_bindir(), base_dir=base_dir)
 
     # -- properties ---------------------------------------------------------------
 

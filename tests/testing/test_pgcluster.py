@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -155,6 +156,20 @@ def test_pg16_accepts_origin(pg16: PgCluster, fresh_db: NewDb) -> None:
     pg16.execute("INSERT INTO t VALUES (1, 'a')", dbname=db)
     messages = pg16.peek_pgoutput(slot, publications=["pub"], proto_version=4, origin="none", dbname=db)
     assert _kinds(messages) == [b"B", b"R", b"I", b"C"]
+
+
+def test_pgserver_wheel_unpacked_for_a_python_it_has_no_build_for_runs_postgresql_16(fresh_db: NewDb) -> None:
+    """On Python 3.13 the dev extra has no pgserver: its Python 3.12 wheel's server, unpacked, serves."""
+    with tempfile.TemporaryDirectory() as tmp:  # not under pytest's own, which the postgres user cannot enter
+        Path(tmp).chmod(0o755)
+        bindir = pgcluster.unpack_pgserver(Path(tmp) / "pgserver")
+        assert not list(Path(tmp, "pgserver").glob("**/*.py"))  # the server only, none of pgserver's Python
+        with PgCluster(bindir) as pg16:
+            assert pg16.version_num // 10000 == 16
+            db, slot = _setup(pg16, fresh_db)
+            pg16.execute("INSERT INTO t VALUES (1, 'a')", dbname=db)
+            messages = pg16.peek_pgoutput(slot, publications=["pub"], proto_version=4, dbname=db)
+            assert _kinds(messages) == [b"B", b"R", b"I", b"C"]
 
 
 def test_messages_option_and_publication_quoting(pg15: PgCluster, fresh_db: NewDb) -> None:

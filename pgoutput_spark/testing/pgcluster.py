@@ -154,6 +154,7 @@ class PgCluster:
             if not (self._bindir / tool).is_file():
                 raise PgClusterError(f"{tool} not found in {self._bindir}")
         self._base_dir = Path(base_dir) if base_dir is not None else None
+        self._primary: PgCluster | None = None
         self._root: Path | None = None
         self._port: int | None = None
         self._version_num: int | None = None
@@ -214,6 +215,18 @@ class PgCluster:
     def conninfo(self, dbname: str = "postgres") -> str:
         return f"host={self.host} port={self.port} user={_SERVER_USER} dbname={dbname}"
 
+    def standby(self) -> PgCluster:
+        """A cluster that `start` makes a hot standby of this started one: a ``pg_basebackup``
+        of it, then streaming replication from it (same binaries and settings)::
+
+            with primary.standby() as replica:
+                replica.query("SELECT pg_is_in_recovery()")  # [(True,)]
+        """
+        self._require_started()
+        replica = PgCluster(self._bindir, base_dir=self._base_dir, settings=self._settings)
+        replica._primary = self
+        return replica
+
     def _require_started(self) -> tuple[Path, int]:
         if self._root is None or self._port is None:
             raise PgClusterError("the cluster is not started: call start() or use `with`")
@@ -234,7 +247,8 @@ class PgCluster:
         self.stop()
 
     def start(self) -> Self:
-        """initdb in a fresh temporary directory, configure and start the server."""
+        """initdb in a fresh temporary directory (a standby's: a base backup of its primary),
+        configure and start the server."""
         if self._root is not None:
             raise PgClusterError(f"the cluster in {self._root} is already started")
         root = Path(tempfile.mkdtemp(prefix="pgcluster-", dir=self._base_dir))
@@ -243,10 +257,15 @@ class PgCluster:
             if len(str(root / ".s.PGSQL.65535")) > _MAX_SOCKET_PATH:
                 raise PgClusterError(f"{root} is too long for a Unix socket path: pick a shorter base_dir")
             self._chown(root)
-            self._initdb(root / "data")
+            settings = self._settings
+            if self._primary is None:
+                self._initdb(root / "data")
+            else:
+                self._base_backup(root / "data", self._primary)
+                settings = {**settings, "primary_conninfo": f"'{self._primary.conninfo()}'"}
             for attempt in range(3):
                 self._port = free_port()
-                self._write_settings(root / "data", root, self._port, self._settings)
+                self._write_settings(root / "data", root, self._port, settings)
                 result = self._run_tool(
                     "pg_ctl", "-D", str(root / "data"), "-l", str(root / "server.log"),
                     "-w", "-t", "120", "start",
@@ -298,6 +317,13 @@ class PgCluster:
             result = self._run_tool(*base, "--no-locale")
         if result.returncode != 0:
             raise PgClusterError(f"initdb failed ({self._bindir}):\n{result.stdout}")
+
+    def _base_backup(self, data: Path, primary: PgCluster) -> None:
+        result = self._run_tool("pg_basebackup", "-D", str(data), "-h", primary.host, "-p", str(primary.port),
+                                "-U", _SERVER_USER, "-X", "stream", "-c", "fast")
+        if result.returncode != 0:
+            raise PgClusterError(f"pg_basebackup of {primary} failed:\n{result.stdout}")
+        (data / "standby.signal").touch()
 
     @staticmethod
     def _write_settings(data: Path, socket_dir: Path, port: int, settings: Mapping[str, str]) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.slot.xact_status import _full_xid, xact_statuses
-from pgoutput_spark.testing.pgcluster import free_port
+from pgoutput_spark.testing.pgcluster import PgCluster, free_port
 
 
 @pytest.mark.parametrize("xid, near, full", [
@@ -43,6 +45,77 @@ def test_the_server_reports_committed_aborted_in_progress_and_what_it_cannot_kno
         conn.rollback()
         conn.close()
     assert xact_statuses(pg15.conninfo(), []) == {}
+
+
+def _current_xid(conn) -> int:
+    return int(conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0])
+
+
+def _replayed(primary: PgCluster, standby: PgCluster) -> None:
+    """Wait until `standby` has replayed all the WAL `primary` has written so far."""
+    # A commit flushes the WAL before it (a running transaction's too), and only flushed WAL is sent.
+    _, lsn = primary.query("SELECT pg_current_xact_id(), pg_current_wal_insert_lsn()::text")[0]
+    deadline = time.monotonic() + 60
+    while not standby.query("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn])[0][0]:
+        assert time.monotonic() < deadline, f"the standby did not replay up to {lsn} in 60 s"
+        time.sleep(0.05)
+
+
+@pytest.mark.postgres
+def test_a_standby_answers_as_its_primary_and_one_behind_it_is_named():
+    with PgCluster.debian(15) as primary, primary.standby() as standby:
+        assert standby.query("SELECT pg_is_in_recovery()") == [(True,)]
+        conn = primary.connect(autocommit=False)
+        try:
+            conn.execute("CREATE TABLE t (x int)")
+            committed = _current_xid(conn)
+            conn.commit()
+            conn.execute("INSERT INTO t VALUES (1)")
+            aborted = _current_xid(conn)
+            conn.rollback()
+            conn.execute("INSERT INTO t VALUES (2)")
+            running = _current_xid(conn)
+            _replayed(primary, standby)  # the running one's insert too
+            assert xact_statuses(standby.conninfo(), [committed, aborted, running]) == {
+                committed: "committed", aborted: "aborted", running: "in progress"}
+            conn.commit()
+            _replayed(primary, standby)
+            assert xact_statuses(standby.conninfo(), [running]) == {running: "committed"}
+
+            standby.execute("SELECT pg_wal_replay_pause()")
+            conn.execute("INSERT INTO t VALUES (3)")
+            later = _current_xid(conn)
+            conn.commit()
+            with pytest.raises(CaptureError, match=rf"has not assigned some of the transaction ids {later} yet "
+                                                   rf".*, or a standby behind it"):
+                xact_statuses(standby.conninfo(), [later])
+            standby.execute("SELECT pg_wal_replay_resume()")
+            _replayed(primary, standby)
+            assert xact_statuses(standby.conninfo(), [later]) == {later: "committed"}
+        finally:
+            conn.close()
+
+
+@pytest.mark.postgres
+def test_a_transaction_older_than_the_servers_oldest_status_is_one_it_cannot_tell():
+    """PostgreSQL drops the status of transactions (pg_xact, 2^20 to a segment) once every database
+    is frozen past them: then it answers NULL, which `xact_statuses` passes on as None."""
+    with PgCluster.debian(15) as pg:  # a cluster of its own: every database frozen, template0 too
+        with pg.connect(autocommit=False) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            old = int(conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0])
+            conn.rollback()
+        assert xact_statuses(pg.conninfo(), [old]) == {old: "aborted"}
+        # Past pg_xact's first segment: a transaction id for each of 1.1M committed transactions.
+        pg.execute("DO $$ BEGIN FOR i IN 1..1100000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$")
+        pg.execute("ALTER DATABASE template0 ALLOW_CONNECTIONS true")
+        for (dbname,) in pg.query("SELECT datname FROM pg_database"):
+            pg.execute("VACUUM FREEZE", dbname=dbname)
+        with pg.connect() as conn:
+            recent = int(conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0])
+        assert recent - old > 1 << 20 and recent < 1 << 32
+        assert pg.query("SELECT pg_xact_status(%s::text::xid8)", [old]) == [(None,)]  # PostgreSQL's own answer
+        assert xact_statuses(pg.conninfo(), [old, recent]) == {old: None, recent: "committed"}
 
 
 def test_a_server_out_of_reach_is_one_error_without_the_connection_string():

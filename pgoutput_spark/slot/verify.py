@@ -179,7 +179,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
             source = SlotSource(conn, info["slot"], PluginOptions(publications, 1), dsn)
             source.apply_settings()
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            point = Lsn(conn.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetchone()[0])  # type: ignore[index]
+            point = source.server_lsn()  # a standby's: the WAL it has replayed
             tables = published_tables(conn, publications, selection)
             key_positions = {t.oid: _key_columns(conn, t) if keys else [] for t in tables}
             sides = {t.oid: _source_side(conn, t, work, key_positions[t.oid]) for t in tables}

@@ -215,15 +215,15 @@ class PgCluster:
     def conninfo(self, dbname: str = "postgres") -> str:
         return f"host={self.host} port={self.port} user={_SERVER_USER} dbname={dbname}"
 
-    def standby(self) -> PgCluster:
+    def standby(self, settings: Mapping[str, str] | None = None) -> PgCluster:
         """A cluster that `start` makes a hot standby of this started one: a ``pg_basebackup``
-        of it, then streaming replication from it (same binaries and settings)::
+        of it, then streaming replication from it (same binaries; its settings and `settings`)::
 
-            with primary.standby() as replica:
+            with primary.standby({"hot_standby_feedback": "on"}) as replica:
                 replica.query("SELECT pg_is_in_recovery()")  # [(True,)]
         """
         self._require_started()
-        replica = PgCluster(self._bindir, base_dir=self._base_dir, settings=self._settings)
+        replica = PgCluster(self._bindir, base_dir=self._base_dir, settings={**self._settings, **(settings or {})})
         replica._primary = self
         return replica
 

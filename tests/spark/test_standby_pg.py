@@ -1,0 +1,110 @@
+"""The pipeline against a hot standby: PostgreSQL 16 decodes logically on a standby too.
+
+Teams point logical decoding at a standby to spare the primary. A PostgreSQL 16 primary and a
+streaming standby of it (`PgCluster.standby`): `snapshot`, `capture` and `verify` connect to the
+standby only, the traffic runs on the primary, and the mirrors are compared with the primary's
+tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgoutput_spark import mirror, read_capture
+from pgoutput_spark.apply import run_apply
+from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.snapshot import snapshot_tables
+from pgoutput_spark.slot.verify import verify_mirrors
+from pgoutput_spark.testing.pgcluster import PgCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.postgres]
+
+TABLES = """
+CREATE TABLE keyed (id int PRIMARY KEY, v text, n numeric(8, 2), big text);
+CREATE TABLE bag (v text, n int);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+INSERT INTO keyed SELECT g, 'before ' || g, g / 4.0, CASE WHEN g = 1 THEN repeat('toast me ', 5000) END
+  FROM generate_series(1, 60) g;
+INSERT INTO bag SELECT 'same', 1 FROM generate_series(1, 3);
+CREATE PUBLICATION standby_pub FOR TABLE keyed, bag;
+"""
+
+TRAFFIC = [
+    "UPDATE keyed SET v = 'after', n = n * 2 WHERE id % 3 = 0",
+    "UPDATE keyed SET v = 'big kept' WHERE id = 1",  # its TOASTed column unchanged
+    "DELETE FROM keyed WHERE id > 55",
+    "INSERT INTO keyed SELECT g, 'new', g FROM generate_series(100, 130) g",
+    "UPDATE keyed SET id = id + 1000 WHERE id = 2",  # a key change
+    "DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag LIMIT 1)",
+    "INSERT INTO bag VALUES ('x', 2)",
+]
+
+
+@contextmanager
+def _standby_snapshots(primary: PgCluster) -> Iterator[None]:
+    """The primary writes a running-transactions record every 0.2 s meanwhile: a slot made on a
+    standby waits for one (the primary's own come every 15 s at most)."""
+    done = threading.Event()
+
+    def write() -> None:
+        while not done.wait(0.2):
+            primary.execute("SELECT pg_log_standby_snapshot()")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        writer.join()
+
+
+def _replayed(primary: PgCluster, standby: PgCluster) -> None:
+    """Wait until `standby` has replayed the WAL `primary` has flushed so far."""
+    (lsn,), = primary.query("SELECT pg_current_wal_flush_lsn()::text")
+    deadline = time.monotonic() + 60
+    while not standby.query("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn])[0][0]:
+        assert time.monotonic() < deadline, f"the standby did not replay up to {lsn} in 60 s"
+        time.sleep(0.05)
+
+
+def _rows(cluster: PgCluster, db: str, query: str) -> list[tuple[Any, ...]]:
+    return sorted(cluster.query(query, dbname=db), key=repr)
+
+
+def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_path: Path) -> None:
+    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
+        db = primary.create_database("standby_source")
+        primary.execute(TABLES, dbname=db)
+        _replayed(primary, standby)
+        dsn, slot = standby.conninfo(db), "standby_slot"
+        target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
+        with _standby_snapshots(primary):
+            snapshot = snapshot_tables(spark, target, slot=slot, publications=["standby_pub"], dsn=dsn)
+        assert {t.table: t.rows for t in snapshot.tables} == {"public.keyed": 60, "public.bag": 3}
+        assert standby.query("SELECT slot_name FROM pg_replication_slots") == [(slot,)]
+        assert primary.query("SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'") == []
+
+        for statement in TRAFFIC:
+            primary.execute(statement, dbname=db)
+        _replayed(primary, standby)
+        captured = capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], chunk_size=40)
+        assert len(captured.chunks) > 1 and captured.caught_up
+        applied = run_apply(spark, read_capture(spark, landing), target)
+        assert sorted(t.table for t in applied.tables) == ["public.bag", "public.keyed"]
+
+        keyed = [tuple(r) for r in mirror(spark, target, "public.keyed").select("id", "v", "n", "big").collect()]
+        assert sorted(keyed, key=repr) == _rows(primary, db, "SELECT id, v, n, big FROM keyed")
+        bag = [tuple(r) for r in mirror(spark, target, "public.bag").select("v", "n").collect()]
+        assert sorted(bag, key=repr) == _rows(primary, db, "SELECT v, n FROM bag")
+
+        verified = verify_mirrors(spark, target, landing, dsn=dsn)
+        assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
+            verified.render()

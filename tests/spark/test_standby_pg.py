@@ -1,9 +1,9 @@
 """The pipeline against a hot standby: PostgreSQL 16 decodes logically on a standby too.
 
 Teams point logical decoding at a standby to spare the primary. A PostgreSQL 16 primary and a
-streaming standby of it (`PgCluster.standby`): `snapshot`, `capture` and `verify` connect to the
-standby only, the traffic runs on the primary, and the mirrors are compared with the primary's
-tables.
+streaming standby of it (`PgCluster.standby`): `snapshot` (a new pipeline's and a table's
+re-snapshot), `capture` and `verify` connect to the standby only, the traffic runs on the
+primary, and the mirrors are compared with the primary's tables.
 """
 
 from __future__ import annotations
@@ -99,12 +99,33 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         assert len(captured.chunks) > 1 and captured.caught_up
         applied = run_apply(spark, read_capture(spark, landing), target)
         assert sorted(t.table for t in applied.tables) == ["public.bag", "public.keyed"]
+        _assert_mirrors_equal(spark, target, primary, db, bag_columns="v, n")
+        _assert_verified(spark, target, landing, dsn)
 
-        keyed = [tuple(r) for r in mirror(spark, target, "public.keyed").select("id", "v", "n", "big").collect()]
-        assert sorted(keyed, key=repr) == _rows(primary, db, "SELECT id, v, n, big FROM keyed")
-        bag = [tuple(r) for r in mirror(spark, target, "public.bag").select("v", "n").collect()]
-        assert sorted(bag, key=repr) == _rows(primary, db, "SELECT v, n FROM bag")
+        # A column added with a DEFAULT (no message carries its value for the rows before): the
+        # table re-snapshotted from the standby (a temporary slot there), then more traffic.
+        primary.execute("ALTER TABLE bag ADD COLUMN d int DEFAULT 7; INSERT INTO bag VALUES ('y', 3, 8)", dbname=db)
+        _replayed(primary, standby)
+        with _standby_snapshots(primary):
+            snapshot_tables(spark, target, tables=["public.bag"], publications=["standby_pub"], dsn=dsn)
+        primary.execute("UPDATE keyed SET v = 'later' WHERE id = 4; DELETE FROM bag WHERE v = 'x';"
+                        " INSERT INTO bag VALUES ('z', 4)", dbname=db)
+        _replayed(primary, standby)
+        capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], chunk_size=40)
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, primary, db, bag_columns="v, n, d")
+        _assert_verified(spark, target, landing, dsn)
+        assert standby.query("SELECT slot_name FROM pg_replication_slots") == [(slot,)]  # the temporary one gone
 
-        verified = verify_mirrors(spark, target, landing, dsn=dsn)
-        assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
-            verified.render()
+
+def _assert_mirrors_equal(spark: Any, target: str, primary: PgCluster, db: str, bag_columns: str) -> None:
+    keyed = [tuple(r) for r in mirror(spark, target, "public.keyed").select("id", "v", "n", "big").collect()]
+    assert sorted(keyed, key=repr) == _rows(primary, db, "SELECT id, v, n, big FROM keyed")
+    bag = [tuple(r) for r in mirror(spark, target, "public.bag").selectExpr(*bag_columns.split(", ")).collect()]
+    assert sorted(bag, key=repr) == _rows(primary, db, f"SELECT {bag_columns} FROM bag")
+
+
+def _assert_verified(spark: Any, target: str, landing: str, dsn: str) -> None:
+    verified = verify_mirrors(spark, target, landing, dsn=dsn)
+    assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
+        verified.render()

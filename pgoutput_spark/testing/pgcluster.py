@@ -296,6 +296,13 @@ class PgCluster:
         finally:
             self._remove(root)
 
+    def promote(self) -> None:
+        """Make this standby a primary (``pg_ctl promote``, waiting until it is one)."""
+        root, _ = self._require_started()
+        result = self._run_tool("pg_ctl", "-D", str(root / "data"), "-w", "-t", "120", "promote")
+        if result.returncode != 0:
+            raise PgClusterError(f"pg_ctl promote failed:\n{result.stdout}\n--- server log ---\n{self._log_tail()}")
+
     def _pg_ctl_stop(self, root: Path, mode: str) -> None:
         if (root / "data" / "postmaster.pid").exists():
             result = self._run_tool("pg_ctl", "-D", str(root / "data"), "-m", mode, "-w", "stop")

@@ -3,7 +3,8 @@
 Teams point logical decoding at a standby to spare the primary. A PostgreSQL 16 primary and a
 streaming standby of it (`PgCluster.standby`): `snapshot` (a new pipeline's and a table's
 re-snapshot), `capture` and `verify` connect to the standby only, the traffic runs on the
-primary, and the mirrors are compared with the primary's tables.
+primary, and the mirrors are compared with the primary's tables; then the primary goes away,
+the standby is promoted, and the pipeline goes on from it.
 """
 
 from __future__ import annotations
@@ -117,12 +118,25 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         _assert_verified(spark, target, landing, dsn)
         assert standby.query("SELECT slot_name FROM pg_replication_slots") == [(slot,)]  # the temporary one gone
 
+        # Failover: the primary goes away after more traffic, the standby is promoted and takes
+        # the traffic; its slot is there, and the pipeline goes on from it.
+        primary.execute("UPDATE keyed SET n = -n WHERE id % 5 = 0; DELETE FROM bag WHERE v = 'y'", dbname=db)
+        _replayed(primary, standby)
+        primary.stop()
+        standby.promote()
+        standby.execute("INSERT INTO keyed VALUES (500, 'on the promoted one', 5, NULL);"
+                        " UPDATE keyed SET id = 501 WHERE id = 500", dbname=db)
+        capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], chunk_size=40)
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, standby, db, bag_columns="v, n, d")
+        _assert_verified(spark, target, landing, dsn)
 
-def _assert_mirrors_equal(spark: Any, target: str, primary: PgCluster, db: str, bag_columns: str) -> None:
+
+def _assert_mirrors_equal(spark: Any, target: str, source: PgCluster, db: str, bag_columns: str) -> None:
     keyed = [tuple(r) for r in mirror(spark, target, "public.keyed").select("id", "v", "n", "big").collect()]
-    assert sorted(keyed, key=repr) == _rows(primary, db, "SELECT id, v, n, big FROM keyed")
+    assert sorted(keyed, key=repr) == _rows(source, db, "SELECT id, v, n, big FROM keyed")
     bag = [tuple(r) for r in mirror(spark, target, "public.bag").selectExpr(*bag_columns.split(", ")).collect()]
-    assert sorted(bag, key=repr) == _rows(primary, db, f"SELECT {bag_columns} FROM bag")
+    assert sorted(bag, key=repr) == _rows(source, db, f"SELECT {bag_columns} FROM bag")
 
 
 def _assert_verified(spark: Any, target: str, landing: str, dsn: str) -> None:

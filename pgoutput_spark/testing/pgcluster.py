@@ -13,6 +13,9 @@ cursor, so a capture of millions of messages streams through bounded memory::
         pg.execute("INSERT INTO t VALUES (1)")
         messages = pg.peek_pgoutput("s", publications=["p"], proto_version=1)
 
+`standby` makes a hot standby of a started cluster (``pg_basebackup``, then streaming
+replication), which `promote` turns into a primary.
+
 The server refuses to run as root, so when we are root every server binary
 runs as the ``postgres`` OS user and the directory is chowned to it.
 """

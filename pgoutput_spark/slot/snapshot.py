@@ -323,6 +323,7 @@ def snapshot_tables(
             target, table.schema, table.name, history_path or DEFAULT_HISTORY_PATH), selection)
             for table in chosen} if replace else {}
         histories = {oid: found for oid, found in histories.items() if found is not None}
+        source.say_if_standby()
     replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace)
     taken = datetime.now(timezone.utc)
     result = SnapshotResult(slot_name, point, snapshot, replaced=replace)

@@ -9,6 +9,7 @@ connection string is never part of a message (it may hold a password).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +23,8 @@ from .options import MIN_SERVER_FOR_PROTOCOL, PluginOptions
 from .settings import RECORDED_SETTINGS, SESSION_SETTINGS
 
 __all__ = ["SlotInfo", "SlotSource", "connect"]
+
+_log = logging.getLogger(__name__)
 
 _PEEK = (
     "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
@@ -127,7 +130,16 @@ class SlotSource:
                                " slot created with two_phase = true")
         return info
 
+    def say_if_standby(self) -> None:
+        """A slot made on a standby waits for the primary's next running-transactions record,
+        which an idle primary never writes: say so before making one there."""
+        if self._scalar("SELECT pg_is_in_recovery()"):
+            _log.warning("creating slot %s on a standby: PostgreSQL waits for the primary's next running-"
+                         "transactions record (every 15 s at most while the primary is busy, none while it is "
+                         "idle: SELECT pg_log_standby_snapshot() on the primary writes one)", self.slot)
+
     def _create_slot(self) -> None:
+        self.say_if_standby()
         try:
             self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
                               (self.slot, self.options.two_phase))

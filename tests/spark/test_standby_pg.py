@@ -80,7 +80,8 @@ def _rows(cluster: PgCluster, db: str, query: str) -> list[tuple[Any, ...]]:
     return sorted(cluster.query(query, dbname=db), key=repr)
 
 
-def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_path: Path) -> None:
+def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
         db = primary.create_database("standby_source")
         primary.execute(TABLES, dbname=db)
@@ -90,6 +91,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         with _standby_snapshots(primary):
             snapshot = snapshot_tables(spark, target, slot=slot, publications=["standby_pub"], dsn=dsn)
         assert {t.table: t.rows for t in snapshot.tables} == {"public.keyed": 60, "public.bag": 3}
+        assert "creating slot standby_slot on a standby: PostgreSQL waits for the primary's next" in caplog.text
         assert standby.query("SELECT slot_name FROM pg_replication_slots") == [(slot,)]
         assert primary.query("SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'") == []
 

@@ -93,9 +93,9 @@ def pgserver_bindir(*, unpack: bool = False) -> Path:
     ``share/pgoutput-spark``, and with `unpack` it unpacks them there first if it has not yet
     (``./dev test`` does that).
     """
-    spec = importlib.util.find_spec("pgserver")
-    if spec is not None and spec.origin is not None:
-        return Path(spec.origin).parent / "pginstall" / "bin"
+    package = _installed_pgserver()
+    if package is not None:
+        return package / "pginstall" / "bin"
     bindir = _UNPACKED / _WHEEL_BINDIR
     if (bindir / "postgres").is_file():
         return bindir
@@ -108,6 +108,12 @@ def pgserver_bindir(*, unpack: bool = False) -> Path:
             " import pgserver_bindir; pgserver_bindir(unpack=True)')"
         )
     return unpack_pgserver(_UNPACKED)
+
+
+def _installed_pgserver() -> Path | None:
+    """The installed pgserver package's folder (None: not installed); only looked up, not imported."""
+    spec = importlib.util.find_spec("pgserver")
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
 
 
 def unpack_pgserver(root: Path) -> Path:

@@ -172,6 +172,19 @@ def test_pgserver_wheel_unpacked_for_a_python_it_has_no_build_for_runs_postgresq
             assert _kinds(messages) == [b"B", b"R", b"I", b"C"]
 
 
+def test_pgserver_binaries_neither_installed_nor_unpacked_are_an_error_naming_both(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(pgcluster, "_installed_pgserver", lambda: None)
+    monkeypatch.setattr(pgcluster, "_UNPACKED", tmp_path / "pgserver-0.1.4")
+    with pytest.raises(PgClusterError, match=r"PostgreSQL 16's binaries not found: the pgserver package is not "
+                                             r"installed .* none were unpacked from its wheel into .*pgserver-0.1.4"):
+        PgCluster.pgserver()
+    bindir = tmp_path / "pgserver-0.1.4" / "pgserver" / "pginstall" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "postgres").touch()
+    assert pgcluster.pgserver_bindir() == bindir
+
+
 def test_messages_option_and_publication_quoting(pg15: PgCluster, fresh_db: NewDb) -> None:
     db = fresh_db(pg15)
     pg15.execute(

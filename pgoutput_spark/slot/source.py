@@ -54,6 +54,16 @@ class SlotInfo:
     database: str | None
     two_phase: bool
     confirmed_flush: Lsn
+    invalidated: str | None = None  # why the server invalidated it (None: it did not)
+
+
+#: PostgreSQL 17's ``invalidation_reason`` values, said plainly.
+_INVALIDATED = {
+    "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
+    "rows_removed": "the primary removed catalog rows it still needed (on a standby: hot_standby_feedback"
+                    " or a physical slot on the primary keeps them)",
+    "wal_level_insufficient": "the primary's wal_level went below logical",
+}
 
 
 class SlotSource:
@@ -101,13 +111,22 @@ class SlotSource:
                                f" {self.conn.info.dbname!r}: create it (CREATE PUBLICATION) first")
 
     def slot_info(self) -> SlotInfo | None:
+        # The whole row as JSON: the columns telling an invalidated slot differ by version
+        # (wal_status from 13, conflicting on 16, invalidation_reason from 17).
         row = self.conn.execute(
-            "SELECT plugin, database, two_phase, (confirmed_flush_lsn - '0/0'::pg_lsn)::int8"
-            " FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
+            "SELECT plugin, database, two_phase, (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, to_jsonb(s)"
+            " FROM pg_replication_slots AS s WHERE slot_name = %s", (self.slot,)).fetchone()
         if row is None:
             return None
-        plugin, database, two_phase, confirmed = row
-        return SlotInfo(self.slot, plugin, database, bool(two_phase), Lsn(confirmed or 0))
+        plugin, database, two_phase, confirmed, whole = row
+        invalidated = None
+        if whole.get("invalidation_reason"):
+            invalidated = _INVALIDATED.get(whole["invalidation_reason"], whole["invalidation_reason"])
+        elif whole.get("conflicting"):
+            invalidated = _INVALIDATED["rows_removed"] + ", or its wal_level went below logical"
+        elif whole.get("wal_status") == "lost":
+            invalidated = _INVALIDATED["wal_removed"]
+        return SlotInfo(self.slot, plugin, database, bool(two_phase), Lsn(confirmed or 0), invalidated)
 
     def ensure_slot(self, *, create: bool) -> SlotInfo:
         """The slot, checked (created first when missing and `create`)."""
@@ -128,6 +147,11 @@ class SlotSource:
         if self.options.two_phase and not info.two_phase:
             raise CaptureError(f"{self.where} was created without two_phase: two_phase decoding needs a"
                                " slot created with two_phase = true")
+        if info.invalidated is not None:
+            raise CaptureError(f"{self.where} is invalidated: {info.invalidated}. The changes after its"
+                               f" position {info.confirmed_flush} can no longer be decoded; start the pipeline"
+                               " again from a new slot: drop this one, then `pgoutput-spark snapshot` into a new"
+                               " target and `capture` into a new landing")
         return info
 
     def say_if_standby(self) -> None:

@@ -484,6 +484,23 @@ def test_the_connection_string_never_shows_its_password(
         assert captured.err.startswith("pgoutput-spark: error: ")
 
 
+def test_an_invalidated_slot_is_named_with_why_and_what_to_do(tmp_path: Path) -> None:
+    with PgCluster.debian(15, settings={"max_slot_wal_keep_size": "'1MB'"}) as pg:
+        pg.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
+        landing = str(tmp_path / "landing")
+        capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB], create_slot=True)
+        for i in range(4):  # more WAL than the slot may keep, then a checkpoint: PostgreSQL invalidates it
+            pg.execute(f"INSERT INTO t VALUES ({i})")
+            pg.execute("SELECT pg_switch_wal()")
+        pg.execute("CHECKPOINT")
+        assert pg.query("SELECT wal_status FROM pg_replication_slots") == [("lost",)]
+        with pytest.raises(CaptureError, match=r"slot 's' on .* is invalidated: the server removed WAL it still "
+                                               r"needed \(max_slot_wal_keep_size\)\. The changes after its position "
+                                               r"0/[0-9A-F]+ can no longer be decoded; start the pipeline again "
+                                               r"from a new slot: drop this one, then `pgoutput-spark snapshot`"):
+            capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB])
+
+
 @pytest.fixture(scope="module")
 def replica_level() -> Callable[[], PgCluster]:
     with PgCluster.debian(15, settings={"wal_level": "replica"}) as cluster:

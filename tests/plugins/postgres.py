@@ -28,7 +28,7 @@ import pytest
 from pgoutput_spark.testing.pgcluster import PgCluster
 
 MAVEN = "https://repo1.maven.org/maven2"
-#: Zonky's server builds: version -> the jar's SHA-1 (Maven Central's), for linux-amd64.
+#: Zonky's server builds for linux-amd64: major version -> (release, the jar's SHA-1 as Maven Central has it).
 ZONKY = {17: ("17.12.0", "6b54b2c54c7dc702f3dd617d3ebdd928dc788dae"),
          18: ("18.7.0", "0144780c9a700f4400664256b52e5e9ceb8c6807")}
 TOOLS = Path(sys.prefix) / "share" / "pgoutput-spark-tests"

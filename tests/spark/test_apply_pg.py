@@ -107,7 +107,7 @@ def pg16_capture(pg16: PgCluster) -> Iterator[tuple[Workload, dict[int, list[Cap
 
 @pytest.fixture(scope="module", params=[17, 18], ids=["pg17", "pg18"])
 def newer_capture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[int, Workload, list[CapturedMessage]]]:
+        tuple[Workload, list[CapturedMessage]]]:
     """Protocol 4 with parallel streaming and two-phase on PostgreSQL 17 and 18, landed by
     `pgoutput-spark capture`."""
     major = request.param
@@ -116,7 +116,7 @@ def newer_capture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     for workload, captures in _capture(cluster, f"apply{major}",
                                        {4: {"streaming": "parallel", "two_phase": True, "messages": True}},
                                        landing=tmp_path_factory.mktemp(f"landing{major}")):
-        yield major, workload, captures[4]
+        yield workload, captures[4]
 
 
 class CaptureIndex:
@@ -547,7 +547,7 @@ def test_pg16_protocol_4_parallel_file_by_file(spark, pg16_capture, tmp_path, mo
 def test_newer_postgresql_protocol_4_in_two_runs_cut_inside_a_stream(spark, newer_capture, tmp_path):
     """The same workload on PostgreSQL 17 and 18 (protocol 4 is still the highest): two runs, the
     first ending inside a streamed transaction's block, every mirror equal to the source's rows."""
-    major, workload, messages = newer_capture
+    workload, messages = newer_capture
     assert any(m.data[:1] == b"A" and len(m.data) == 25 for m in messages)  # Stream Abort with abort_lsn
     _file_by_file(spark, messages, workload, tmp_path, ["p3 stream"], in_stream={"p3 stream"})
 

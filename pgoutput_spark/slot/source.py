@@ -60,8 +60,8 @@ class SlotInfo:
 #: PostgreSQL 17's ``invalidation_reason`` values, said plainly.
 _INVALIDATED = {
     "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
-    "rows_removed": "the primary removed catalog rows it still needed (on a standby: hot_standby_feedback"
-                    " or a physical slot on the primary keeps them)",
+    "rows_removed": "the primary removed catalog rows it still needed (on a standby, hot_standby_feedback"
+                    " keeps them, with a physical slot on the primary for the standby)",
     "wal_level_insufficient": "the primary's wal_level went below logical",
 }
 

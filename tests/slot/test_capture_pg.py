@@ -30,7 +30,7 @@ from pgoutput_spark.slot.landing import CAPTURE_SCHEMA, LANDING_INFO_FILE, Chunk
 from pgoutput_spark.slot.settings import SESSION_SETTINGS
 from pgoutput_spark.testing.pgcluster import PgCluster
 
-from ..plugins.postgres import new_database
+from ..plugins.postgres import new_database, zonky_bindir
 from ..plugins.s3 import Bucket
 
 pytestmark = pytest.mark.postgres
@@ -484,8 +484,12 @@ def test_the_connection_string_never_shows_its_password(
         assert captured.err.startswith("pgoutput-spark: error: ")
 
 
-def test_an_invalidated_slot_is_named_with_why_and_what_to_do(tmp_path: Path) -> None:
-    with PgCluster.debian(15, settings={"max_slot_wal_keep_size": "'1MB'"}) as pg:
+@pytest.mark.parametrize("major", [15, 18])  # wal_status 'lost' on 15; invalidation_reason from 17
+def test_an_invalidated_slot_is_named_with_why_and_what_to_do(major: int, tmp_path: Path) -> None:
+    settings = {"max_slot_wal_keep_size": "'1MB'"}
+    cluster = PgCluster.debian(15, settings=settings) if major == 15 else PgCluster(zonky_bindir(major),
+                                                                                      settings=settings)
+    with cluster as pg:
         pg.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
         landing = str(tmp_path / "landing")
         capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB], create_slot=True)
@@ -494,6 +498,8 @@ def test_an_invalidated_slot_is_named_with_why_and_what_to_do(tmp_path: Path) ->
             pg.execute("SELECT pg_switch_wal()")
         pg.execute("CHECKPOINT")
         assert pg.query("SELECT wal_status FROM pg_replication_slots") == [("lost",)]
+        if major >= 17:
+            assert pg.query("SELECT invalidation_reason FROM pg_replication_slots") == [("wal_removed",)]
         with pytest.raises(CaptureError, match=r"slot 's' on .* is invalidated: the server removed WAL it still "
                                                r"needed \(max_slot_wal_keep_size\)\. The changes after its position "
                                                r"0/[0-9A-F]+ can no longer be decoded; start the pipeline again "

@@ -14,7 +14,7 @@ cursor, so a capture of millions of messages streams through bounded memory::
         messages = pg.peek_pgoutput("s", publications=["p"], proto_version=1)
 
 `standby` makes a hot standby of a started cluster (``pg_basebackup``, then streaming
-replication), which `promote` turns into a primary.
+replication; `wait_replayed` waits for it to catch up), which `promote` turns into a primary.
 
 The server refuses to run as root, so when we are root every server binary
 runs as the ``postgres`` OS user and the directory is chowned to it.
@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -308,6 +309,18 @@ class PgCluster:
             self._pg_ctl_stop(root, "fast")
         finally:
             self._remove(root)
+
+    def wait_replayed(self, timeout: float = 60) -> None:
+        """Wait until this standby has replayed all the WAL its primary has written so far, an open
+        transaction's too (a commit on the primary flushes it first: only flushed WAL is sent)."""
+        if self._primary is None:
+            raise PgClusterError(f"{self} is not a standby: make one with standby()")
+        _, lsn = self._primary.query("SELECT pg_current_xact_id(), pg_current_wal_insert_lsn()::text")[0]
+        deadline = time.monotonic() + timeout
+        while not self.query("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn])[0][0]:
+            if time.monotonic() > deadline:
+                raise PgClusterError(f"the standby did not replay up to {lsn} in {timeout} s:\n{self._log_tail()}")
+            time.sleep(0.05)
 
     def promote(self) -> None:
         """Make this standby a primary (``pg_ctl promote``, waiting until it is one)."""

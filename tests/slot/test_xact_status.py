@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -51,16 +50,6 @@ def _current_xid(conn) -> int:
     return int(conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0])
 
 
-def _replayed(primary: PgCluster, standby: PgCluster) -> None:
-    """Wait until `standby` has replayed all the WAL `primary` has written so far."""
-    # A commit flushes the WAL before it (a running transaction's too), and only flushed WAL is sent.
-    _, lsn = primary.query("SELECT pg_current_xact_id(), pg_current_wal_insert_lsn()::text")[0]
-    deadline = time.monotonic() + 60
-    while not standby.query("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn])[0][0]:
-        assert time.monotonic() < deadline, f"the standby did not replay up to {lsn} in 60 s"
-        time.sleep(0.05)
-
-
 @pytest.mark.postgres
 def test_a_standby_answers_as_its_primary_and_one_behind_it_is_named():
     with PgCluster.debian(15) as primary, primary.standby() as standby:
@@ -75,11 +64,11 @@ def test_a_standby_answers_as_its_primary_and_one_behind_it_is_named():
             conn.rollback()
             conn.execute("INSERT INTO t VALUES (2)")
             running = _current_xid(conn)
-            _replayed(primary, standby)  # the running one's insert too
+            standby.wait_replayed()  # the running one's insert too
             assert xact_statuses(standby.conninfo(), [committed, aborted, running]) == {
                 committed: "committed", aborted: "aborted", running: "in progress"}
             conn.commit()
-            _replayed(primary, standby)
+            standby.wait_replayed()
             assert xact_statuses(standby.conninfo(), [running]) == {running: "committed"}
 
             standby.execute("SELECT pg_wal_replay_pause()")
@@ -90,7 +79,7 @@ def test_a_standby_answers_as_its_primary_and_one_behind_it_is_named():
                                                    rf".*, or a standby behind it"):
                 xact_statuses(standby.conninfo(), [later])
             standby.execute("SELECT pg_wal_replay_resume()")
-            _replayed(primary, standby)
+            standby.wait_replayed()
             assert xact_statuses(standby.conninfo(), [later]) == {later: "committed"}
         finally:
             conn.close()

@@ -10,7 +10,6 @@ the standby is promoted, and the pipeline goes on from it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,15 +66,6 @@ def _standby_snapshots(primary: PgCluster) -> Iterator[None]:
         writer.join()
 
 
-def _replayed(primary: PgCluster, standby: PgCluster) -> None:
-    """Wait until `standby` has replayed the WAL `primary` has flushed so far."""
-    (lsn,), = primary.query("SELECT pg_current_wal_flush_lsn()::text")
-    deadline = time.monotonic() + 60
-    while not standby.query("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn])[0][0]:
-        assert time.monotonic() < deadline, f"the standby did not replay up to {lsn} in 60 s"
-        time.sleep(0.05)
-
-
 def _rows(cluster: PgCluster, db: str, query: str) -> list[tuple[Any, ...]]:
     return sorted(cluster.query(query, dbname=db), key=repr)
 
@@ -85,7 +75,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
     with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
         db = primary.create_database("standby_source")
         primary.execute(TABLES, dbname=db)
-        _replayed(primary, standby)
+        standby.wait_replayed()
         dsn, slot = standby.conninfo(db), "standby_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
         with _standby_snapshots(primary):
@@ -97,7 +87,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
 
         for statement in TRAFFIC:
             primary.execute(statement, dbname=db)
-        _replayed(primary, standby)
+        standby.wait_replayed()
         captured = capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], chunk_size=40)
         assert len(captured.chunks) > 1 and captured.caught_up
         applied = run_apply(spark, read_capture(spark, landing), target)
@@ -108,12 +98,12 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         # A column added with a DEFAULT (no message carries its value for the rows before): the
         # table re-snapshotted from the standby (a temporary slot there), then more traffic.
         primary.execute("ALTER TABLE bag ADD COLUMN d int DEFAULT 7; INSERT INTO bag VALUES ('y', 3, 8)", dbname=db)
-        _replayed(primary, standby)
+        standby.wait_replayed()
         with _standby_snapshots(primary):
             snapshot_tables(spark, target, tables=["public.bag"], publications=["standby_pub"], dsn=dsn)
         primary.execute("UPDATE keyed SET v = 'later' WHERE id = 4; DELETE FROM bag WHERE v = 'x';"
                         " INSERT INTO bag VALUES ('z', 4)", dbname=db)
-        _replayed(primary, standby)
+        standby.wait_replayed()
         capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], chunk_size=40)
         run_apply(spark, read_capture(spark, landing), target)
         _assert_mirrors_equal(spark, target, primary, db, bag_columns="v, n, d")
@@ -123,7 +113,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         # Failover: the primary goes away after more traffic, the standby is promoted and takes
         # the traffic; its slot is there, and the pipeline goes on from it.
         primary.execute("UPDATE keyed SET n = -n WHERE id % 5 = 0; DELETE FROM bag WHERE v = 'y'", dbname=db)
-        _replayed(primary, standby)
+        standby.wait_replayed()
         primary.stop()
         standby.promote()
         standby.execute("INSERT INTO keyed VALUES (500, 'on the promoted one', 5, NULL);"

@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="publication whose tables are copied (repeatable)")
     snapshot.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
     snapshot.add_argument("--two-phase", action="store_true", help="create the slot with two_phase")
+    snapshot.add_argument("--failover", action="store_true",
+                          help="create a failover slot, kept on standbys that sync slots (PostgreSQL 17+)")
     snapshot.add_argument("--pipeline", help="pipeline name (Delta txnAppId prefix)")
     snapshot.add_argument("--master", help="Spark master (default from the configuration)")
     snapshot.add_argument("--quiet", action="store_true", help="no progress line per table")
@@ -98,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="publication to decode (repeatable; default: the landing's)")
     capture.add_argument("--dsn", help="libpq connection string (default: the PG* environment variables)")
     capture.add_argument("--create-slot", action="store_true", help="create the slot when it is missing")
+    capture.add_argument("--failover", action="store_true",
+                         help="a failover slot, kept on standbys that sync slots: created so, or made so"
+                              " (PostgreSQL 17+)")
     capture.add_argument("--proto-version", type=int, choices=[1, 2, 3, 4],
                          help="pgoutput protocol version (default: the highest the server speaks)")
     capture.add_argument("--streaming", choices=["on", "off", "parallel"],
@@ -255,7 +260,8 @@ def run_capture_command(args: argparse.Namespace) -> Any:
                           format=args.landing_format, spark=spark,
                           proto_version=args.proto_version, streaming=args.streaming,
                           two_phase=args.two_phase, messages=args.messages, binary=args.binary,
-                          origin=args.origin, create_slot=args.create_slot, chunk_size=args.chunk_size,
+                          origin=args.origin, create_slot=args.create_slot, failover=args.failover,
+                          chunk_size=args.chunk_size,
                           until_lsn=args.until_lsn, max_messages=args.max_messages, progress=progress)
     return result
 
@@ -269,7 +275,8 @@ def run_snapshot_command(config: Config, args: argparse.Namespace) -> Any:
         raise ConfigError("snapshot: pass --slot (a new pipeline) or --table (a re-snapshot), not both")
     result = snapshot_tables(spark, args.target, slot=args.slot, tables=args.table,
                              publications=args.publication,
-                             dsn=args.dsn, two_phase=args.two_phase, pipeline=config.changes.pipeline,
+                             dsn=args.dsn, two_phase=args.two_phase, failover=args.failover,
+                             pipeline=config.changes.pipeline,
                              table_path=config.apply.table_path, table_name=config.apply.table_name,
                              history_path=config.apply.history_path, progress=progress, selection=config.tables)
     return result

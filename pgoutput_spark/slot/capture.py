@@ -201,6 +201,7 @@ def capture_slot(
     binary: bool | None = None,
     origin: str | None = None,
     create_slot: bool = False,
+    failover: bool = False,
     chunk_size: int = 100_000,
     until_lsn: Lsn | str | None = None,
     max_messages: int | None = None,
@@ -222,6 +223,10 @@ def capture_slot(
     transaction boundary before `until_lsn`, whichever comes first. A chunk
     holds at least `chunk_size` messages when that many are pending (it ends
     at a transaction boundary), and memory holds one batch of `batch_rows`.
+
+    With `failover` (PostgreSQL 17+) the slot is a failover slot: created so with
+    `create_slot`, made so when it is not (standbys with ``sync_replication_slots``
+    keep a copy of it, which the capture continues from once one is promoted).
     """
     if chunk_size < 1 or batch_rows < 1:
         raise CaptureError("chunk_size and batch_rows must be 1 or more")
@@ -245,7 +250,7 @@ def capture_slot(
         if options.binary:
             _check_binary_types(conn, options.publications)
         source.lock()
-        info = source.ensure_slot(create=create_slot and recorded is None)
+        info = source.ensure_slot(create=create_slot and recorded is None, failover=failover)
         settings = source.apply_settings()
         target.open({"format": 1, "slot": slot, "database": conn.info.dbname,
                      "system_identifier": source.system_identifier(),

@@ -211,12 +211,13 @@ class SnapshotResult:
         return "\n".join(lines)
 
 
-def _create_slot(dsn: str | None, slot: str, two_phase: bool, temporary: bool = False) -> tuple[
-        psycopg.Connection[Any], Lsn, str]:
+def _create_slot(dsn: str | None, slot: str, two_phase: bool, temporary: bool = False,
+                 failover: bool = False) -> tuple[psycopg.Connection[Any], Lsn, str]:
     """A replication connection that created `slot` and exported its snapshot (kept open).
 
     A `temporary` slot only marks a WAL position with a snapshot of it, and
-    goes away with the connection.
+    goes away with the connection. A `failover` slot (PostgreSQL 17+) is kept
+    on the standbys that synchronize slots.
     """
     try:
         conn = psycopg.connect(dsn or "", autocommit=True, replication="database")
@@ -224,7 +225,11 @@ def _create_slot(dsn: str | None, slot: str, two_phase: bool, temporary: bool = 
         raise CaptureError("the connection string is not valid (not shown: it may hold a password)") from None
     except psycopg.OperationalError as exc:
         raise CaptureError(f"can't open a replication connection: {' '.join(str(exc).split())}") from None
-    options = "(SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "") + ")"
+    options = "(SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "") + (", FAILOVER" if failover else "")
+    options += ")"
+    if failover and (version := conn.info.server_version) < 170000:
+        conn.close()
+        raise CaptureError(f"failover slots need PostgreSQL 17 or later; the server is PostgreSQL {version // 10000}")
     if conn.info.server_version < 150000:
         if two_phase:
             raise CaptureError("two_phase slots need PostgreSQL 15 or later")
@@ -249,6 +254,7 @@ def snapshot_tables(
     tables: Sequence[str] | None = None,
     dsn: str | None = None,
     two_phase: bool = False,
+    failover: bool = False,
     pipeline: str = "default",
     table_path: str | None = None,
     table_name: str | None = None,
@@ -276,7 +282,8 @@ def snapshot_tables(
     the same step: the versions valid at ``S`` become the mirror's rows (`resnapshot_history`).
 
     `selection` (the configuration's ``tables``) leaves out tables the apply does not mirror and
-    keeps the columns it keeps as text, as text.
+    keeps the columns it keeps as text, as text. With `failover` the new slot is a failover slot
+    (PostgreSQL 17+), which standbys that synchronize slots keep a copy of.
     """
     from ..mirroring.delta import (
         DEFAULT_HISTORY_PATH,
@@ -324,7 +331,8 @@ def snapshot_tables(
             for table in chosen} if replace else {}
         histories = {oid: found for oid, found in histories.items() if found is not None}
         source.say_if_standby()
-    replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace)
+    replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace,
+                                                failover=failover and not replace)
     taken = datetime.now(timezone.utc)
     result = SnapshotResult(slot_name, point, snapshot, replaced=replace)
     try:

@@ -19,7 +19,7 @@ from psycopg import errors as pg_errors
 
 from ..errors import CaptureError
 from ..lsn import Lsn
-from .options import MIN_SERVER_FOR_PROTOCOL, PluginOptions
+from .options import MIN_SERVER_FOR_PROTOCOL, PluginOptions, quote_ident
 from .settings import RECORDED_SETTINGS, SESSION_SETTINGS
 
 __all__ = ["SlotInfo", "SlotSource", "connect"]
@@ -55,6 +55,8 @@ class SlotInfo:
     two_phase: bool
     confirmed_flush: Lsn
     invalidated: str | None = None  # why the server invalidated it (None: it did not)
+    failover: bool = False  # PostgreSQL 17+: synchronized to standbys that sync slots
+    synced: bool = False  # PostgreSQL 17+: a standby's copy of a primary's failover slot
 
 
 #: PostgreSQL 17's ``invalidation_reason`` values, said plainly.
@@ -126,16 +128,21 @@ class SlotSource:
             invalidated = _INVALIDATED["rows_removed"] + ", or its wal_level went below logical"
         elif whole.get("wal_status") == "lost":
             invalidated = _INVALIDATED["wal_removed"]
-        return SlotInfo(self.slot, plugin, database, bool(two_phase), Lsn(confirmed or 0), invalidated)
+        return SlotInfo(self.slot, plugin, database, bool(two_phase), Lsn(confirmed or 0), invalidated,
+                        failover=bool(whole.get("failover")), synced=bool(whole.get("synced")))
 
-    def ensure_slot(self, *, create: bool) -> SlotInfo:
-        """The slot, checked (created first when missing and `create`)."""
+    def ensure_slot(self, *, create: bool, failover: bool = False) -> SlotInfo:
+        """The slot, checked (created first when missing and `create`); with `failover`, a failover
+        slot (PostgreSQL 17+): created so, or made so when it is not."""
+        if failover and self.conn.info.server_version < 170000:
+            raise CaptureError(f"failover slots need PostgreSQL 17 or later; the server of {self.where} is"
+                               f" PostgreSQL {self.conn.info.server_version // 10000}")
         info = self.slot_info()
         if info is None:
             if not create:
                 raise CaptureError(f"replication slot {self.slot!r} does not exist on"
                                    f" {self.where.split(' on ')[1]}: create it, or pass --create-slot")
-            self._create_slot()
+            self._create_slot(failover)
             info = self.slot_info()
             assert info is not None
         if info.plugin != "pgoutput":
@@ -152,6 +159,21 @@ class SlotSource:
                                f" position {info.confirmed_flush} can no longer be decoded; start the pipeline"
                                " again from a new slot: drop this one, then `pgoutput-spark snapshot` into a new"
                                " target and `capture` into a new landing")
+        standby = bool(self._scalar("SELECT pg_is_in_recovery()"))
+        if info.synced and standby:
+            raise CaptureError(f"{self.where} is a copy of the primary's failover slot, which this standby keeps"
+                               " in step with it (sync_replication_slots): read the slot on the primary; this"
+                               " copy can be read once the standby is promoted")
+        if failover and not info.failover:
+            self._alter_failover()
+            info = replace(info, failover=True)
+            _log.info("%s was made a failover slot", self.where)
+        if info.failover and not standby and not self._scalar("SHOW synchronized_standby_slots"):
+            _log.warning("%s is a failover slot, but synchronized_standby_slots is empty on this primary: the"
+                         " capture can land changes that no standby has received yet, which a standby promoted"
+                         " after a failover never had; name the standbys' physical slots in"
+                         " synchronized_standby_slots (PostgreSQL then holds changes back until they have them)",
+                         self.where)
         return info
 
     def say_if_standby(self) -> None:
@@ -162,13 +184,22 @@ class SlotSource:
                          "transactions record (every 15 s at most while the primary is busy, none while it is "
                          "idle: SELECT pg_log_standby_snapshot() on the primary writes one)", self.slot)
 
-    def _create_slot(self) -> None:
+    def _create_slot(self, failover: bool) -> None:
         self.say_if_standby()
+        arguments = (self.slot, self.options.two_phase) + ((True,) if failover else ())
         try:
-            self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
-                              (self.slot, self.options.two_phase))
+            self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s"
+                              + (", %s)" if failover else ")"), arguments)
         except psycopg.Error as exc:
             raise self._error("create", exc) from None
+
+    def _alter_failover(self) -> None:
+        """``ALTER_REPLICATION_SLOT ... (FAILOVER)``: a replication command only."""
+        try:
+            with psycopg.connect(self._dsn or "", autocommit=True, replication="database") as conn:
+                psycopg.ClientCursor(conn).execute(f"ALTER_REPLICATION_SLOT {quote_ident(self.slot)} (FAILOVER)")
+        except psycopg.Error as exc:
+            raise self._error("make a failover slot of", exc) from None
 
     # -- the session ----------------------------------------------------------------------
 

@@ -50,6 +50,11 @@ _log = logging.getLogger(__name__)
 
 _SERVER_USER = "postgres"
 _LOG_TAIL_LINES = 40
+# What a base backup leaves out (as pg_basebackup does): these folders' files, and these files.
+_BACKUP_EMPTIED = {(name,) for name in ("pg_wal", "pg_stat_tmp", "pg_replslot", "pg_dynshmem", "pg_notify",
+                                        "pg_serial", "pg_snapshots", "pg_subtrans")}
+_BACKUP_SKIPPED = {"postmaster.pid", "postmaster.opts", "pg_internal.init", "backup_label", "tablespace_map",
+                   "current_logfiles"}
 _MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 #: The pgserver release whose PostgreSQL 16 binaries serve (the dev extra pins the same).
 PGSERVER = "pgserver==0.1.4"
@@ -158,8 +163,8 @@ class PgCluster:
         created under `base_dir` (default: the system temp dir), which the
         ``postgres`` OS user must be able to traverse when we run as root.
         `settings` override the server settings (``{"wal_level": "replica"}``).
-        `client_bindir`: where the client programs `bindir` lacks are (``pgbench``,
-        ``pg_basebackup``), for a server-only build."""
+        `client_bindir`: where the client programs `bindir` lacks are (``pgbench``), for a
+        server-only build (its standbys' base backups are taken without ``pg_basebackup``)."""
         self._bindir = Path(bindir)
         self._client_bindir = Path(client_bindir) if client_bindir is not None else None
         self._settings = {**_SETTINGS, **(settings or {})}
@@ -230,7 +235,9 @@ class PgCluster:
 
     def standby(self, settings: Mapping[str, str] | None = None) -> PgCluster:
         """A cluster that `start` makes a hot standby of this started one: a ``pg_basebackup``
-        of it, then streaming replication from it (same binaries; its settings and `settings`)::
+        of it (or, for a build without one, a copy of its files between ``pg_backup_start`` and
+        ``pg_backup_stop``), then streaming replication from it (same binaries; its settings and
+        `settings`)::
 
             with primary.standby({"hot_standby_feedback": "on"}) as replica:
                 replica.query("SELECT pg_is_in_recovery()")  # [(True,)]
@@ -352,11 +359,39 @@ class PgCluster:
             raise PgClusterError(f"initdb failed ({self._bindir}):\n{result.stdout}")
 
     def _base_backup(self, data: Path, primary: PgCluster) -> None:
-        result = self._run_tool("pg_basebackup", "-D", str(data), "-h", primary.host, "-p", str(primary.port),
-                                "-U", _SERVER_USER, "-X", "stream", "-c", "fast")
-        if result.returncode != 0:
-            raise PgClusterError(f"pg_basebackup of {primary} failed:\n{result.stdout}")
+        if (self._bindir / "pg_basebackup").is_file():
+            result = self._run_tool("pg_basebackup", "-D", str(data), "-h", primary.host, "-p", str(primary.port),
+                                    "-U", _SERVER_USER, "-X", "stream", "-c", "fast")
+            if result.returncode != 0:
+                raise PgClusterError(f"pg_basebackup of {primary} failed:\n{result.stdout}")
+        else:  # a server-only build: an older pg_basebackup refuses a newer server
+            self._copy_backup(data, primary)
         (data / "standby.signal").touch()
+
+    def _copy_backup(self, data: Path, primary: PgCluster) -> None:
+        """What ``pg_basebackup -X none`` does, through the server's backup functions (15+): the
+        files copied between ``pg_backup_start`` and ``pg_backup_stop``, whose label goes into
+        ``backup_label``; the standby streams the WAL from its primary."""
+        source = primary.data_dir
+
+        def leave_out(directory: str, names: list[str]) -> set[str]:
+            if Path(directory).relative_to(source).parts in _BACKUP_EMPTIED:
+                return set(names)
+            return _BACKUP_SKIPPED.intersection(names)
+
+        with primary.connect() as conn:
+            conn.execute("SELECT pg_backup_start('pgcluster standby', true)")
+            try:
+                shutil.copytree(source, data, ignore=leave_out)
+            except shutil.Error as exc:
+                raise PgClusterError(f"copying {primary}'s files for a standby failed: {exc}") from None
+            label = conn.execute("SELECT labelfile FROM pg_backup_stop(false)").fetchone()[0]  # type: ignore[index]
+        (data / "backup_label").write_text(label)
+        (data / "pg_wal" / "archive_status").mkdir(exist_ok=True)
+        for directory, _, files in os.walk(data):
+            self._chown(Path(directory))
+            for name in files:
+                self._chown(Path(directory, name))
 
     @staticmethod
     def _write_settings(data: Path, socket_dir: Path, port: int, settings: Mapping[str, str]) -> None:

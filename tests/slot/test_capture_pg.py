@@ -525,4 +525,22 @@ def test_psycopg_is_only_imported_by_the_capture() -> None:
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
 
 
-
+def test_capture_makes_a_slot_a_failover_slot_and_refuses_one_before_17(
+        pg15: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with PgCluster(zonky_bindir(17)) as pg17:
+        for pg in (pg17, pg15):
+            db = new_database(pg)
+            pg.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t", dbname=db)
+            pg.execute("SELECT pg_create_logical_replication_slot('plain', 'pgoutput')", dbname=db)
+            argv = ["capture", "--landing", str(tmp_path / str(pg.port)), "--slot", "plain", "--publication", PUB,
+                    "--failover", "--quiet", "--dsn", pg.conninfo(db)]
+            if pg is pg17:
+                failover = "SELECT failover FROM pg_replication_slots WHERE slot_name = 'plain'"
+                assert pg.query(failover) == [(False,)]
+                assert main(argv) == 0
+                assert pg.query(failover) == [(True,)]
+            else:
+                assert main(argv) == 1
+                assert "failover slots need PostgreSQL 17 or later; the server of slot 'plain' on" in \
+                    capsys.readouterr().err
+                pg.drop_slot("plain", dbname=db)

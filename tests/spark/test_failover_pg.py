@@ -1,0 +1,140 @@
+"""A failover slot (PostgreSQL 17+): the pipeline's slot on the primary, kept on a standby.
+
+From PostgreSQL 17 a slot made with ``failover`` is copied to the standbys that synchronize
+slots (``sync_replication_slots`` or ``pg_sync_replication_slots()``), and a primary with
+``synchronized_standby_slots`` hands out no change before those standbys have its WAL. A
+PostgreSQL 17 primary and a streaming standby of it: `snapshot` makes the pipeline's slot a
+failover slot, `capture` reads it on the primary; the standby's copy is refused there (it is
+read on the primary); then the primary goes away after changes the copy has not caught up
+with, the standby is promoted, and the pipeline goes on from its copy. The mirrors are
+compared with the tables of the server that had the changes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgoutput_spark import mirror, read_capture
+from pgoutput_spark.apply import run_apply
+from pgoutput_spark.errors import CaptureError
+from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.snapshot import snapshot_tables
+from pgoutput_spark.slot.verify import verify_mirrors
+from pgoutput_spark.testing.pgcluster import PgCluster
+from ..plugins.postgres import zonky_bindir
+
+pytestmark = [pytest.mark.spark, pytest.mark.postgres]
+
+PUB = "failover_pub"
+TABLES = f"""
+CREATE TABLE keyed (id int PRIMARY KEY, v text, big text);
+CREATE TABLE bag (v text, n int);
+ALTER TABLE bag REPLICA IDENTITY FULL;
+INSERT INTO keyed SELECT g, 'before ' || g, CASE WHEN g = 1 THEN repeat('toast me ', 5000) END
+  FROM generate_series(1, 50) g;
+INSERT INTO bag SELECT 'same', 1 FROM generate_series(1, 3);
+CREATE PUBLICATION {PUB} FOR TABLE keyed, bag;
+"""
+
+
+def _slot(cluster: PgCluster, db: str, slot: str) -> tuple[Any, ...]:
+    (row,) = cluster.query("SELECT failover, synced, confirmed_flush_lsn::text FROM pg_replication_slots"
+                           " WHERE slot_name = %s", [slot], dbname=db)
+    return row
+
+
+def _synced(primary: PgCluster, standby: PgCluster, db: str, slot: str, wait: float) -> bool:
+    """Whether the standby's slot sync worker brought its copy of `slot` to the primary's position
+    within `wait` seconds. Its first copy stays temporary while the slot on the primary needs
+    catalog rows older than the standby kept then: until the capture moves the slot on."""
+    want = [(_slot(primary, db, slot)[2],)]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if standby.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots"
+                         " WHERE slot_name = %s AND synced AND NOT temporary", [slot]) == want:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _assert_mirrors_equal(spark: Any, target: str, source: PgCluster, db: str) -> None:
+    keyed = [tuple(r) for r in mirror(spark, target, "public.keyed").select("id", "v", "big").collect()]
+    assert sorted(keyed, key=repr) == sorted(source.query("SELECT id, v, big FROM keyed", dbname=db), key=repr)
+    bag = [tuple(r) for r in mirror(spark, target, "public.bag").select("v", "n").collect()]
+    assert sorted(bag, key=repr) == sorted(source.query("SELECT v, n FROM bag", dbname=db), key=repr)
+
+
+def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    with PgCluster(zonky_bindir(17), client_bindir=PgCluster.debian(15).bindir) as primary:
+        db = primary.create_database("failover_source")
+        primary.execute(TABLES, dbname=db)
+        primary.execute("SELECT pg_create_physical_replication_slot('standby_1', true)")
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'")
+        primary.execute("SELECT pg_reload_conf()")
+        with primary.standby({"primary_slot_name": "'standby_1'", "hot_standby_feedback": "on",
+                                     "sync_replication_slots": "on"}) as standby:
+            standby.wait_replayed()
+            dsn, slot = primary.conninfo(db), "pipe"
+            target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
+            snapshot_tables(spark, target, slot=slot, publications=[PUB], dsn=dsn, failover=True)
+            assert _slot(primary, db, slot)[:2] == (True, False)
+
+            primary.execute("UPDATE keyed SET v = 'after' WHERE id % 3 = 0; UPDATE keyed SET v = 'big kept'"
+                            " WHERE id = 1; DELETE FROM keyed WHERE id > 45;"
+                            " DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag LIMIT 1)", dbname=db)
+            capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
+            for attempt in range(20):  # a change, landed, until the standby's copy is ready
+                if _synced(primary, standby, db, slot, wait=3):
+                    break
+                primary.execute(f"INSERT INTO bag VALUES ('moves the slot on', {attempt})", dbname=db)
+                capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
+            else:
+                raise AssertionError(f"the standby's copy of {slot} is not ready:\n"
+                                     + standby.log_file.read_text()[-3000:])
+            run_apply(spark, read_capture(spark, landing), target)
+            _assert_mirrors_equal(spark, target, primary, db)
+            assert _slot(standby, db, slot)[:2] == (True, True)
+
+            # The standby's copy is the primary's to move: reading it there is refused, nothing landed.
+            with pytest.raises(CaptureError, match=r"slot 'pipe' on .* is a copy of the primary's failover slot,"
+                                                   r" .*read the slot on the primary"):
+                capture_slot(landing, slot=slot, dsn=standby.conninfo(db), publications=[PUB])
+
+            # More changes landed from the primary, then it goes away before the copy caught up.
+            primary.execute("INSERT INTO keyed SELECT g, 'late', NULL FROM generate_series(100, 120) g;"
+                            " UPDATE keyed SET id = 1000 WHERE id = 2; INSERT INTO bag VALUES ('x', 2)", dbname=db)
+            landed = capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
+            assert landed.messages > 0 and landed.caught_up
+            standby.wait_replayed()
+            assert "synchronized_standby_slots is empty" not in caplog.text
+            primary.stop()
+            copy = _slot(standby, db, slot)[2]
+            standby.promote()
+            standby.execute("DELETE FROM keyed WHERE id = 1000; INSERT INTO bag VALUES ('on the promoted one', 3)",
+                            dbname=db)
+
+            promoted = standby.conninfo(db)
+            resumed = capture_slot(landing, slot=slot, dsn=promoted, publications=[PUB], chunk_size=20)
+            assert resumed.recovered, f"the copy at {copy} was not behind the landing: nothing to recover"
+            assert resumed.messages > 0
+            assert "is a failover slot, but synchronized_standby_slots is empty on this primary" in caplog.text
+            run_apply(spark, read_capture(spark, landing), target)
+            _assert_mirrors_equal(spark, target, standby, db)
+            verified = verify_mirrors(spark, target, landing, dsn=promoted)
+            assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
+                verified.render()
+
+
+def test_snapshot_refuses_a_failover_slot_before_17(spark: Any, pg15: PgCluster, tmp_path: Path) -> None:
+    db = pg15.create_database("failover_before_17")
+    pg15.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t", dbname=db)
+    with pytest.raises(CaptureError, match="failover slots need PostgreSQL 17 or later; the server is PostgreSQL 15"):
+        snapshot_tables(spark, str(tmp_path / "target"), slot="pipe", publications=[PUB], dsn=pg15.conninfo(db),
+                        failover=True)
+    assert pg15.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pipe'") == [(0,)]
+    assert not (tmp_path / "target").exists()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -257,6 +257,9 @@ def capture_slot(
                      "options": options.as_dict(), "settings": settings})
         result = CaptureResult(landing=str(target.path), slot=slot)
         last = target.last_chunk()
+        timeline = source.timeline()
+        if last is not None and last.timeline is not None and timeline is not None:
+            _check_timeline(source, landing, last, timeline)
         if last is not None:
             result.resumed_at = Lsn(last.end_lsn)
             if info.confirmed_flush < last.end_lsn:
@@ -309,6 +312,7 @@ def capture_slot(
                     want *= 2  # a streamed transaction longer than the chunk: read further
                     _log.info("no transaction boundary in %d messages: reading %d", read, want)
                     continue
+                record = replace(record, timeline=source.timeline())
                 chunk.commit(record)
             except BaseException:
                 chunk.discard()
@@ -328,6 +332,29 @@ def capture_slot(
                 break
             want = None
     return result
+
+
+def _check_timeline(source: SlotSource, landing: str, last: ChunkRecord, timeline: int) -> None:
+    """Refuse a server whose history does not hold the landing: after a failover, the promoted
+    standby's history must have left the landing's timeline past the landing's end."""
+    if timeline == last.timeline:
+        return
+    read = f"{landing} ends at {Lsn(last.end_lsn)} (chunk {last.chunk}, read on timeline {last.timeline})"
+    if timeline < last.timeline:  # type: ignore[operator]
+        raise CaptureError(f"{read}, but {source.where} is on timeline {timeline}, an older one: it is not"
+                           " the server that took over (a failover's old primary?)")
+    left = source.timeline_history(timeline).get(last.timeline)  # type: ignore[arg-type]
+    if left is not None and left >= last.end_lsn:
+        return
+    if left is None:
+        why = f"timeline {last.timeline} is not in the history of {source.where} (timeline {timeline})"
+    else:
+        why = f"{source.where} left timeline {last.timeline} at {left}, when it was promoted (timeline {timeline})"
+    raise CaptureError(
+        f"{read}, but {why}: the landing, and the mirrors, hold changes this server never had (a failover"
+        " before the standby received them; name its physical slot in synchronized_standby_slots). Start the"
+        " pipeline again from this server: `pgoutput-spark snapshot` into a new target and `capture` into a"
+        " new landing")
 
 
 #: pg_type.typtype of the user types whose binary form the apply cannot read: composite,

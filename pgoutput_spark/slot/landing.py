@@ -64,13 +64,18 @@ _TEMP_PREFIX = "_writing-"
 
 @dataclass(frozen=True)
 class ChunkRecord:
-    """One landed chunk: its file's rows are seq ``first_seq..last_seq``; the slot goes to ``end_lsn``."""
+    """One landed chunk: its file's rows are seq ``first_seq..last_seq``; the slot goes to ``end_lsn``.
+
+    `timeline`: the primary's WAL timeline the chunk was read on (None: read on a standby, or
+    landed before it was recorded), which tells a failover's promoted server from its primary.
+    """
 
     chunk: int
     first_seq: int
     last_seq: int
     end_lsn: int
     bytes: int
+    timeline: int | None = None
 
     @property
     def messages(self) -> int:

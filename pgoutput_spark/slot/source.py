@@ -231,6 +231,27 @@ class SlotSource:
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
             " ELSE pg_current_wal_lsn() END - '0/0'::pg_lsn)::int8"))
 
+    def timeline(self) -> int | None:
+        """The timeline a primary writes WAL on (None on a standby, whose slot only decodes WAL it
+        has: a landing read there holds nothing its promoted self lacks)."""
+        return self._scalar("SELECT CASE WHEN NOT pg_is_in_recovery() THEN ('x' || substr(pg_walfile_name("
+                            "pg_current_wal_lsn()), 1, 8))::bit(32)::int END")
+
+    def timeline_history(self, timeline: int) -> dict[int, Lsn]:
+        """Where this server's history left each timeline before `timeline` (its current one; a
+        promotion starts a new one): ``TIMELINE_HISTORY``, a replication command."""
+        try:
+            with psycopg.connect(self._dsn or "", autocommit=True, replication="database") as conn:
+                cursor = psycopg.ClientCursor(conn)
+                cursor.execute(f"TIMELINE_HISTORY {timeline}")
+                _, content = cursor.fetchone()  # type: ignore[misc]
+        except psycopg.Error as exc:
+            raise self._error(f"read timeline {timeline}'s history (to check the landing against it) on",
+                              exc) from None
+        text = bytes(content).decode() if isinstance(content, (bytes, memoryview)) else str(content)
+        return {int(fields[0]): Lsn(fields[1]) for fields in map(str.split, text.splitlines())
+                if len(fields) >= 2 and fields[0].isdigit()}
+
     # -- reading and advancing --------------------------------------------------------------
 
     def peek(self, *, limit: int, upto_lsn: Lsn | None, batch_rows: int, streaming: bool = True) -> Iterator[

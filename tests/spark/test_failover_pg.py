@@ -13,6 +13,8 @@ compared with the tables of the server that had the changes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from pgoutput_spark import mirror, read_capture
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.errors import CaptureError
+from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
@@ -68,66 +71,129 @@ def _assert_mirrors_equal(spark: Any, target: str, source: PgCluster, db: str) -
     assert sorted(bag, key=repr) == sorted(source.query("SELECT v, n FROM bag", dbname=db), key=repr)
 
 
-def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+@contextmanager
+def _primary_and_standby(synchronized: bool) -> Iterator[tuple[PgCluster, PgCluster, str]]:
+    """A PostgreSQL 17 primary with TABLES and a physical slot for its standby (named in its
+    synchronized_standby_slots when `synchronized`), and the standby, syncing slots."""
     with PgCluster(zonky_bindir(17), client_bindir=PgCluster.debian(15).bindir) as primary:
         db = primary.create_database("failover_source")
         primary.execute(TABLES, dbname=db)
         primary.execute("SELECT pg_create_physical_replication_slot('standby_1', true)")
-        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'")
-        primary.execute("SELECT pg_reload_conf()")
+        if synchronized:
+            primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'")
+            primary.execute("SELECT pg_reload_conf()")
         with primary.standby({"primary_slot_name": "'standby_1'", "hot_standby_feedback": "on",
-                                     "sync_replication_slots": "on"}) as standby:
+                              "sync_replication_slots": "on"}) as standby:
             standby.wait_replayed()
-            dsn, slot = primary.conninfo(db), "pipe"
-            target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
-            snapshot_tables(spark, target, slot=slot, publications=[PUB], dsn=dsn, failover=True)
-            assert _slot(primary, db, slot)[:2] == (True, False)
+            yield primary, standby, db
 
-            primary.execute("UPDATE keyed SET v = 'after' WHERE id % 3 = 0; UPDATE keyed SET v = 'big kept'"
-                            " WHERE id = 1; DELETE FROM keyed WHERE id > 45;"
-                            " DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag LIMIT 1)", dbname=db)
-            capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
-            for attempt in range(20):  # a change, landed, until the standby's copy is ready
-                if _synced(primary, standby, db, slot, wait=3):
-                    break
-                primary.execute(f"INSERT INTO bag VALUES ('moves the slot on', {attempt})", dbname=db)
-                capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
-            else:
-                raise AssertionError(f"the standby's copy of {slot} is not ready:\n"
-                                     + standby.log_file.read_text()[-3000:])
-            run_apply(spark, read_capture(spark, landing), target)
-            _assert_mirrors_equal(spark, target, primary, db)
-            assert _slot(standby, db, slot)[:2] == (True, True)
 
-            # The standby's copy is the primary's to move: reading it there is refused, nothing landed.
-            with pytest.raises(CaptureError, match=r"slot 'pipe' on .* is a copy of the primary's failover slot,"
-                                                   r" .*read the slot on the primary"):
-                capture_slot(landing, slot=slot, dsn=standby.conninfo(db), publications=[PUB])
+def _until_the_copy_is_ready(primary: PgCluster, standby: PgCluster, db: str, slot: str,
+                             land: Callable[[], object]) -> None:
+    """A change, landed by `land`, until the standby's copy of `slot` is ready; then the standby's
+    slot sync worker is stopped, so that the copy stays where it is."""
+    for attempt in range(20):
+        if _synced(primary, standby, db, slot, wait=3):
+            break
+        primary.execute(f"INSERT INTO bag VALUES ('moves the slot on', {attempt})", dbname=db)
+        land()
+    else:
+        raise AssertionError(f"the standby's copy of {slot} is not ready:\n" + standby.log_file.read_text()[-3000:])
+    assert _slot(standby, db, slot)[:2] == (True, True)
+    standby.execute("ALTER SYSTEM SET sync_replication_slots = off")
+    standby.execute("SELECT pg_reload_conf()")
+    for _ in range(600):
+        if standby.query("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'") == [(0,)]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the standby's slot sync worker did not stop")
 
-            # More changes landed from the primary, then it goes away before the copy caught up.
-            primary.execute("INSERT INTO keyed SELECT g, 'late', NULL FROM generate_series(100, 120) g;"
-                            " UPDATE keyed SET id = 1000 WHERE id = 2; INSERT INTO bag VALUES ('x', 2)", dbname=db)
-            landed = capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
-            assert landed.messages > 0 and landed.caught_up
-            standby.wait_replayed()
-            assert "synchronized_standby_slots is empty" not in caplog.text
-            primary.stop()
-            copy = _slot(standby, db, slot)[2]
-            standby.promote()
-            standby.execute("DELETE FROM keyed WHERE id = 1000; INSERT INTO bag VALUES ('on the promoted one', 3)",
-                            dbname=db)
 
-            promoted = standby.conninfo(db)
-            resumed = capture_slot(landing, slot=slot, dsn=promoted, publications=[PUB], chunk_size=20)
-            assert resumed.recovered, f"the copy at {copy} was not behind the landing: nothing to recover"
-            assert resumed.messages > 0
-            assert "is a failover slot, but synchronized_standby_slots is empty on this primary" in caplog.text
-            run_apply(spark, read_capture(spark, landing), target)
-            _assert_mirrors_equal(spark, target, standby, db)
-            verified = verify_mirrors(spark, target, landing, dsn=promoted)
-            assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
-                verified.render()
+def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    with _primary_and_standby(synchronized=True) as (primary, standby, db):
+        dsn, slot = primary.conninfo(db), "pipe"
+        target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
+        snapshot_tables(spark, target, slot=slot, publications=[PUB], dsn=dsn, failover=True)
+        assert _slot(primary, db, slot)[:2] == (True, False)
+
+        primary.execute("UPDATE keyed SET v = 'after' WHERE id % 3 = 0; UPDATE keyed SET v = 'big kept'"
+                        " WHERE id = 1; DELETE FROM keyed WHERE id > 45;"
+                        " DELETE FROM bag WHERE ctid IN (SELECT ctid FROM bag LIMIT 1)", dbname=db)
+        capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
+        _until_the_copy_is_ready(primary, standby, db, slot, lambda: capture_slot(
+            landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20))
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, primary, db)
+
+        # The standby's copy is the primary's to move: reading it there is refused, nothing landed.
+        with pytest.raises(CaptureError, match=r"slot 'pipe' on .* is a copy of the primary's failover slot,"
+                                               r" .*read the slot on the primary"):
+            capture_slot(landing, slot=slot, dsn=standby.conninfo(db), publications=[PUB])
+
+        # More changes landed from the primary (the copy stays behind them), then it goes away.
+        primary.execute("INSERT INTO keyed SELECT g, 'late', NULL FROM generate_series(100, 120) g;"
+                        " UPDATE keyed SET id = 1000 WHERE id = 2; INSERT INTO bag VALUES ('x', 2)", dbname=db)
+        landed = capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB], chunk_size=20)
+        assert landed.messages > 0 and landed.caught_up and landed.chunks[-1].timeline == 1
+        standby.wait_replayed()
+        assert "synchronized_standby_slots is empty" not in caplog.text
+        primary.stop()
+        copy = _slot(standby, db, slot)[2]
+        standby.promote()
+        standby.execute("DELETE FROM keyed WHERE id = 1000; INSERT INTO bag VALUES ('on the promoted one', 3)",
+                        dbname=db)
+
+        promoted = standby.conninfo(db)
+        resumed = capture_slot(landing, slot=slot, dsn=promoted, publications=[PUB], chunk_size=20)
+        assert resumed.recovered, f"the copy at {copy} was not behind the landing: nothing to recover"
+        assert resumed.messages > 0 and resumed.chunks[-1].timeline == 2
+        assert "is a failover slot, but synchronized_standby_slots is empty on this primary" in caplog.text
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, standby, db)
+        verified = verify_mirrors(spark, target, landing, dsn=promoted)
+        assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
+            verified.render()
+
+
+def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No synchronized_standby_slots: the primary hands out changes its standby has not received.
+    The capture warns; after a failover, the promoted standby's history left the landing's
+    timeline before the landing's end, and the capture refuses to go on."""
+    with _primary_and_standby(synchronized=False) as (primary, standby, db):
+        landing, slot = str(tmp_path / "landing"), "pipe"
+
+        def land(cluster: PgCluster) -> Any:
+            return capture_slot(landing, slot=slot, dsn=cluster.conninfo(db), publications=[PUB],
+                                create_slot=True, failover=True)
+
+        land(primary)
+        assert "is a failover slot, but synchronized_standby_slots is empty on this primary" in caplog.text
+        _until_the_copy_is_ready(primary, standby, db, slot, lambda: land(primary))
+        standby.execute("ALTER SYSTEM SET primary_conninfo = ''")  # the standby receives no more WAL
+        standby.execute("SELECT pg_reload_conf()")
+        for _ in range(600):
+            if standby.query("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the standby's WAL receiver did not stop")
+        primary.execute("INSERT INTO keyed VALUES (900, 'only the old primary had this', NULL)", dbname=db)
+        ahead = land(primary)
+        assert ahead.messages > 0 and ahead.chunks[-1].timeline == 1
+        primary.stop()
+        standby.promote()
+        assert standby.query("SELECT count(*) FROM keyed WHERE id = 900", dbname=db) == [(0,)]
+        standby.execute("INSERT INTO keyed VALUES (901, 'on the promoted one', NULL)", dbname=db)
+
+        files = sorted(Path(landing).glob("*.parquet"))
+        with pytest.raises(CaptureError, match=(
+                rf"ends at {Lsn(ahead.chunks[-1].end_lsn)} \(chunk {ahead.chunks[-1].chunk},"
+                r" read on timeline 1\), but slot 'pipe' on .* left timeline 1 at \S+, when it was promoted"
+                r" \(timeline 2\): the landing, and the mirrors, hold changes this server never had")):
+            land(standby)
+        assert sorted(Path(landing).glob("*.parquet")) == files
 
 
 def test_snapshot_refuses_a_failover_slot_before_17(spark: Any, pg15: PgCluster, tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ slots (``sync_replication_slots`` or ``pg_sync_replication_slots()``), and a pri
 ``synchronized_standby_slots`` hands out no change before those standbys have its WAL. A
 PostgreSQL 17 primary and a streaming standby of it: `snapshot` makes the pipeline's slot a
 failover slot, `capture` reads it on the primary; the standby's copy is refused there (it is
-read on the primary); then the primary goes away after changes the copy has not caught up
-with, the standby is promoted, and the pipeline goes on from its copy. The mirrors are
-compared with the tables of the server that had the changes.
+read on the primary); then, after changes the copy has not caught up with, the standby is
+promoted and the pipeline goes on from its copy (not from the old primary, still up a while).
+The mirrors are compared with the tables of the server that had the changes. Without
+``synchronized_standby_slots`` a landing can hold changes a promoted standby never had:
+refused.
 """
 
 from __future__ import annotations
@@ -138,9 +140,8 @@ def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path:
         assert landed.messages > 0 and landed.caught_up and landed.chunks[-1].timeline == 1
         standby.wait_replayed()
         assert "synchronized_standby_slots is empty" not in caplog.text
-        primary.stop()
         copy = _slot(standby, db, slot)[2]
-        standby.promote()
+        standby.promote()  # the old primary stays up a while: split brain, which the capture must see
         standby.execute("DELETE FROM keyed WHERE id = 1000; INSERT INTO bag VALUES ('on the promoted one', 3)",
                         dbname=db)
 
@@ -151,6 +152,14 @@ def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path:
         assert "is a failover slot, but synchronized_standby_slots is empty on this primary" in caplog.text
         run_apply(spark, read_capture(spark, landing), target)
         _assert_mirrors_equal(spark, target, standby, db)
+
+        # The old primary, still up, is not where the pipeline goes on: refused, nothing landed.
+        files = sorted(Path(landing).glob("*.parquet"))
+        with pytest.raises(CaptureError, match=r"read on timeline 2\), but slot 'pipe' on .* is on timeline 1,"
+                                               r" an older one: it is not the server that took over"):
+            capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB])
+        assert sorted(Path(landing).glob("*.parquet")) == files
+        primary.stop()
         verified = verify_mirrors(spark, target, landing, dsn=promoted)
         assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
             verified.render()

@@ -121,13 +121,16 @@ def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str],
             entry["unfiltered"] = True
         else:
             entry["filters"].append(rowfilter)
+    # PostgreSQL 18 publishes stored generated columns (publish_generated_columns = stored, or a
+    # column list naming them); its attnames list exactly the published columns.
+    generated = "attgenerated <> 'v'" if version >= 180000 else "attgenerated = ''"
     out = []
     for oid, entry in merged.items():
         if not selection.selected(f"{entry['schema']}.{entry['name']}"):
             continue
         columns = [(name, type_oid, typmod) for name, type_oid, typmod in conn.execute(
             "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
-            " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (oid,))
+            f" AND NOT attisdropped AND {generated} ORDER BY attnum", (oid,))
             if entry["all"] or name in entry["attnames"]]
         row_filter = None if entry["unfiltered"] or not entry["filters"] else \
             " OR ".join(f"({f})" for f in entry["filters"])

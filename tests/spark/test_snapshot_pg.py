@@ -203,3 +203,40 @@ def test_numeric_type_overrides_in_snapshot_apply_and_verify(spark: Any, pg15: P
                   tables=TablesConfig(types={"public.m": {**tables.types["public.m"], "id": "double"}}))
     assert commits(path) == before
     pg15.drop_slot(slot, dbname=db)
+
+
+def test_published_generated_columns_on_18_in_snapshot_apply_and_verify(spark: Any, pg18: PgCluster,
+                                                                         tmp_path: Path) -> None:
+    """PostgreSQL 18 publishes stored generated columns with ``publish_generated_columns = stored``
+    or a column list naming them (virtual ones never): the snapshot copies the columns the
+    changes carry, so each mirror has the published columns, generated ones included, with
+    PostgreSQL's values, and verify calls it equal."""
+    db = new_database(pg18, "generated")
+    pg18.execute("CREATE TABLE g (id int PRIMARY KEY, a int, s int GENERATED ALWAYS AS (a * 2) STORED,"
+                 "   v int GENERATED ALWAYS AS (a * 3) VIRTUAL);"
+                 " CREATE TABLE h (id int PRIMARY KEY, a int, s text GENERATED ALWAYS AS ('s' || a) STORED);"
+                 " CREATE TABLE n (id int PRIMARY KEY, a int, s int GENERATED ALWAYS AS (a + 1) STORED);"
+                 " INSERT INTO g (id, a) SELECT i, i FROM generate_series(1, 20) i;"
+                 " INSERT INTO h (id, a) SELECT i, i FROM generate_series(1, 20) i;"
+                 " INSERT INTO n (id, a) SELECT i, i FROM generate_series(1, 20) i;"
+                 " CREATE PUBLICATION gen_stored FOR TABLE g WITH (publish_generated_columns = stored);"
+                 " CREATE PUBLICATION gen_listed FOR TABLE h (id, s);"
+                 " CREATE PUBLICATION gen_none FOR TABLE n", dbname=db)
+    publications = ["gen_stored", "gen_listed", "gen_none"]
+    slot, target, landing, dsn = f"{db}_slot", str(tmp_path / "target"), str(tmp_path / "landing"), pg18.conninfo(db)
+    snapshot_tables(spark, target, slot=slot, publications=publications, dsn=dsn)
+    pg18.execute("UPDATE g SET a = a * 10 WHERE id % 3 = 0; UPDATE h SET a = -a WHERE id < 5;"
+                 " UPDATE n SET a = 0 WHERE id > 15; INSERT INTO g (id, a) VALUES (21, 7);"
+                 " INSERT INTO h (id, a) VALUES (21, 7); DELETE FROM n WHERE id = 1", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn, publications=publications)
+    run_apply(spark, read_capture(spark, landing), target)
+
+    for table, columns in (("g", "id, a, s"), ("h", "id, s"), ("n", "id, a")):
+        frame = mirror(spark, target, f"public.{table}")
+        assert frame.columns == columns.split(", ")
+        expected = pg18.query(f"SELECT {columns} FROM {table}", dbname=db)
+        assert sorted(tuple(r) for r in frame.collect()) == sorted(expected)
+    verified = verify_mirrors(spark, target, landing, dsn=dsn)
+    assert {t.table: t.state for t in verified.tables} == dict.fromkeys(["public.g", "public.h", "public.n"],
+                                                                          "equal"), verified.render()
+    pg18.drop_slot(slot, dbname=db)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -505,6 +506,41 @@ def test_an_invalidated_slot_is_named_with_why_and_what_to_do(major: int, tmp_pa
                                                r"0/[0-9A-F]+ can no longer be decoded; start the pipeline again "
                                                r"from a new slot: drop this one, then `pgoutput-spark snapshot`"):
             capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB])
+
+
+@pytest.mark.parametrize("major", [16, 17])  # conflicting on 16; invalidation_reason from 17
+def test_a_standby_slot_whose_catalog_rows_the_primary_removed_is_named(major: int, tmp_path: Path) -> None:
+    """A slot on a standby without hot_standby_feedback: the primary vacuums catalog rows the slot
+    still needs, the standby's replay conflicts with the slot, and PostgreSQL invalidates it."""
+    primary = PgCluster.pgserver() if major == 16 else PgCluster(zonky_bindir(major))
+    with primary, primary.standby({"hot_standby_feedback": "off"}) as standby:
+        primary.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
+        standby.wait_replayed()
+        landing = str(tmp_path / "landing")
+        done = threading.Event()
+
+        def snapshots() -> None:  # a slot made on a standby waits for the primary's next one
+            while not done.wait(0.2):
+                primary.execute("SELECT pg_log_standby_snapshot()")
+
+        writer = threading.Thread(target=snapshots, daemon=True)
+        writer.start()
+        try:
+            capture_slot(landing, slot="s", dsn=standby.conninfo(), publications=[PUB], create_slot=True)
+        finally:
+            done.set()
+            writer.join()
+        for statement in ("INSERT INTO t VALUES (1)", "CREATE TABLE conflict (x int)", "DROP TABLE conflict",
+                          "VACUUM pg_class"):  # each its own transaction: rows deleted by another one
+            primary.execute(statement)
+        standby.wait_replayed()
+        column = "conflicting::text" if major == 16 else "invalidation_reason"
+        assert standby.query(f"SELECT {column} FROM pg_replication_slots") == [
+            ("true",) if major == 16 else ("rows_removed",)]
+        with pytest.raises(CaptureError, match=r"slot 's' on .* is invalidated: the primary removed catalog rows it"
+                                               r" still needed \(on a standby, hot_standby_feedback keeps them, with a"
+                                               r" physical slot on the primary for the standby\).* The changes after"):
+            capture_slot(landing, slot="s", dsn=standby.conninfo(), publications=[PUB])
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,13 @@ the standby is promoted, and the pipeline goes on from it.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from pgoutput_spark import mirror, read_capture
@@ -135,3 +137,40 @@ def _assert_verified(spark: Any, target: str, landing: str, dsn: str) -> None:
     verified = verify_mirrors(spark, target, landing, dsn=dsn)
     assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
         verified.render()
+
+
+def test_prepared_transactions_decoded_at_prepare_on_a_hot_standby(spark: Any, tmp_path: Path) -> None:
+    """A two_phase slot made on a standby (by `snapshot --two-phase`): transactions prepared on the
+    primary are landed at their PREPARE, their COMMIT PREPARED and ROLLBACK PREPARED by a later
+    capture; after each apply the mirrors equal the primary's tables (a prepared transaction's
+    rows only once it is committed)."""
+    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
+        db = primary.create_database("standby_two_phase")
+        primary.execute(TABLES, dbname=db)
+        standby.wait_replayed()
+        dsn, slot = standby.conninfo(db), "two_phase_slot"
+        target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
+        with _standby_snapshots(primary):
+            snapshot_tables(spark, target, slot=slot, publications=["standby_pub"], dsn=dsn, two_phase=True)
+        assert standby.query("SELECT two_phase FROM pg_replication_slots") == [(True,)]
+
+        primary.execute("BEGIN; UPDATE keyed SET v = 'prepared' WHERE id < 10; INSERT INTO bag VALUES ('p', 9);"
+                        " PREPARE TRANSACTION 'kept'", dbname=db)
+        primary.execute("BEGIN; DELETE FROM keyed WHERE id > 40; PREPARE TRANSACTION 'dropped'", dbname=db)
+        primary.execute("UPDATE keyed SET n = 0 WHERE id = 20", dbname=db)
+        standby.wait_replayed()
+        first = capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"], two_phase=True)
+        kinds = Counter(bytes(data[:1]) for data in pq.read_table(landing).column("data").to_pylist())
+        assert first.messages > 0 and kinds[b"P"] == 2 and kinds[b"K"] == 0  # two Prepares, no Commit Prepared
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, primary, db, bag_columns="v, n")
+
+        primary.execute("COMMIT PREPARED 'kept'", dbname=db)
+        primary.execute("ROLLBACK PREPARED 'dropped'", dbname=db)
+        standby.wait_replayed()
+        capture_slot(landing, slot=slot, dsn=dsn, publications=["standby_pub"])
+        kinds = Counter(bytes(data[:1]) for data in pq.read_table(landing).column("data").to_pylist())
+        assert kinds[b"K"] == 1 and kinds[b"r"] == 1  # Commit Prepared, Rollback Prepared
+        run_apply(spark, read_capture(spark, landing), target)
+        _assert_mirrors_equal(spark, target, primary, db, bag_columns="v, n")
+        assert primary.query("SELECT count(*) FROM keyed WHERE v = 'prepared'", dbname=db) == [(9,)]

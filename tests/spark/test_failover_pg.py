@@ -24,6 +24,7 @@ import pytest
 
 from pgoutput_spark import mirror, read_capture
 from pgoutput_spark.apply import run_apply
+from pgoutput_spark.cli import main
 from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.slot.capture import capture_slot
@@ -205,11 +206,14 @@ def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
         assert sorted(Path(landing).glob("*.parquet")) == files
 
 
-def test_snapshot_refuses_a_failover_slot_before_17(spark: Any, pg15: PgCluster, tmp_path: Path) -> None:
+def test_snapshot_refuses_a_failover_slot_before_17(spark: Any, pg15: PgCluster, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     db = pg15.create_database("failover_before_17")
     pg15.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t", dbname=db)
-    with pytest.raises(CaptureError, match="failover slots need PostgreSQL 17 or later; the server is PostgreSQL 15"):
-        snapshot_tables(spark, str(tmp_path / "target"), slot="pipe", publications=[PUB], dsn=pg15.conninfo(db),
-                        failover=True)
+    target = str(tmp_path / "target")
+    code = main(["snapshot", "--target", target, "--slot", "pipe", "--publication", PUB, "--dsn", pg15.conninfo(db),
+                 "--master", "local[2]", "--failover"])
+    assert code == 1
+    assert "failover slots need PostgreSQL 17 or later; the server is PostgreSQL 15" in capsys.readouterr().err
     assert pg15.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pipe'") == [(0,)]
     assert not (tmp_path / "target").exists()

@@ -59,12 +59,14 @@ class SlotInfo:
     synced: bool = False  # PostgreSQL 17+: a standby's copy of a primary's failover slot
 
 
-#: PostgreSQL 17's ``invalidation_reason`` values, said plainly.
+#: PostgreSQL 17's ``invalidation_reason`` values (18's ``idle_timeout`` too), said plainly.
 _INVALIDATED = {
     "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
     "rows_removed": "the primary removed catalog rows it still needed (on a standby, hot_standby_feedback"
                     " keeps them, with a physical slot on the primary for the standby)",
     "wal_level_insufficient": "the primary's wal_level went below logical",
+    "idle_timeout": "it went unread for longer than the server's idle_replication_slot_timeout (run the capture"
+                    " more often than that, or raise the setting)",
 }
 
 

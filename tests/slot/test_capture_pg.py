@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -505,6 +506,23 @@ def test_an_invalidated_slot_is_named_with_why_and_what_to_do(major: int, tmp_pa
                                                r"needed \(max_slot_wal_keep_size\)\. The changes after its position "
                                                r"0/[0-9A-F]+ can no longer be decoded; start the pipeline again "
                                                r"from a new slot: drop this one, then `pgoutput-spark snapshot`"):
+            capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB])
+
+
+def test_a_slot_left_unread_past_idle_replication_slot_timeout_is_named(tmp_path: Path) -> None:
+    """PostgreSQL 18 invalidates a slot nobody read for idle_replication_slot_timeout (at a checkpoint):
+    between two runs of a batch capture the slot is unread."""
+    with PgCluster(zonky_bindir(18), settings={"idle_replication_slot_timeout": "'1s'"}) as pg:
+        pg.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
+        landing = str(tmp_path / "landing")
+        capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB], create_slot=True)
+        time.sleep(2.5)
+        pg.execute("INSERT INTO t VALUES (1)")
+        pg.execute("CHECKPOINT")
+        assert pg.query("SELECT invalidation_reason FROM pg_replication_slots") == [("idle_timeout",)]
+        with pytest.raises(CaptureError, match=r"slot 's' on .* is invalidated: it went unread for longer than the"
+                                               r" server's idle_replication_slot_timeout \(run the capture more often"
+                                               r" than that, or raise the setting\)\. The changes after its position"):
             capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB])
 
 

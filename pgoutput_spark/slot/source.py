@@ -170,13 +170,31 @@ class SlotSource:
             self._alter_failover()
             info = replace(info, failover=True)
             _log.info("%s was made a failover slot", self.where)
-        if info.failover and not standby and not self._scalar("SHOW synchronized_standby_slots"):
+        if info.failover and not standby:
+            self._say_standby_slots()
+        return info
+
+    def _say_standby_slots(self) -> None:
+        """A failover slot's changes wait for synchronized_standby_slots' standbys: say when there are
+        none (a failover can lose what was landed), or when one is not streaming (the capture waits)."""
+        names = [name.strip() for name in str(self._scalar("SHOW synchronized_standby_slots")).split(",")
+                 if name.strip()]
+        if not names:
             _log.warning("%s is a failover slot, but synchronized_standby_slots is empty on this primary: the"
                          " capture can land changes that no standby has received yet, which a standby promoted"
                          " after a failover never had; name the standbys' physical slots in"
                          " synchronized_standby_slots (PostgreSQL then holds changes back until they have them)",
                          self.where)
-        return info
+            return
+        streaming = {name for (name,) in self.conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' AND active"
+            " AND slot_name = ANY(%s)", (names,))}
+        idle = [name for name in names if name not in streaming]
+        if idle:
+            _log.warning("%s is a failover slot: PostgreSQL hands out its changes once the standbys of"
+                         " synchronized_standby_slots have received them, and no standby streams from %s: the"
+                         " capture waits until one does, or until synchronized_standby_slots leaves it out",
+                         self.where, ", ".join(idle))
 
     def say_if_standby(self) -> None:
         """A slot made on a standby waits for the primary's next running-transactions record,

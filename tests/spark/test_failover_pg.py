@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,11 @@ def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path:
         _assert_mirrors_equal(spark, target, standby, db)
 
         # The old primary, still up, is not where the pipeline goes on: refused, nothing landed.
-        files = sorted(Path(landing).glob("*.parquet"))
+        files = sorted(Path(landing).glob("part-*.parquet"))
         with pytest.raises(CaptureError, match=r"read on timeline 2\), but slot 'pipe' on .* is on timeline 1,"
                                                r" an older one: it is not the server that took over"):
             capture_slot(landing, slot=slot, dsn=dsn, publications=[PUB])
-        assert sorted(Path(landing).glob("*.parquet")) == files
+        assert sorted(Path(landing).glob("part-*.parquet")) == files
         primary.stop()
         verified = verify_mirrors(spark, target, landing, dsn=promoted)
         assert {t.table: t.state for t in verified.tables} == {"public.keyed": "equal", "public.bag": "equal"}, \
@@ -170,7 +171,8 @@ def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """No synchronized_standby_slots: the primary hands out changes its standby has not received.
     The capture warns; after a failover, the promoted standby's history left the landing's
-    timeline before the landing's end, and the capture refuses to go on."""
+    timeline before the landing's end, and the capture refuses to go on. On the way, a standby
+    named in synchronized_standby_slots that streams no more: the capture says so and waits."""
     with _primary_and_standby(synchronized=False) as (primary, standby, db):
         landing, slot = str(tmp_path / "landing"), "pipe"
 
@@ -183,27 +185,45 @@ def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
         _until_the_copy_is_ready(primary, standby, db, slot, lambda: land(primary))
         standby.execute("ALTER SYSTEM SET primary_conninfo = ''")  # the standby receives no more WAL
         standby.execute("SELECT pg_reload_conf()")
-        for _ in range(600):
-            if standby.query("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)]:
+        for _ in range(600):  # its walsender on the primary gone too
+            if primary.query("SELECT active FROM pg_replication_slots WHERE slot_name = 'standby_1'") == [(False,)]:
                 break
             time.sleep(0.05)
         else:
-            raise AssertionError("the standby's WAL receiver did not stop")
+            raise AssertionError("the standby still streams")
         primary.execute("INSERT INTO keyed VALUES (900, 'only the old primary had this', NULL)", dbname=db)
-        ahead = land(primary)
+
+        # Named in synchronized_standby_slots, the standby that streams no more holds the changes back:
+        # the capture says so and waits, until the setting leaves it out.
+        primary.execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'")
+        primary.execute("SELECT pg_reload_conf()")
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(land, primary)
+            for _ in range(200):
+                if "no standby streams from standby_1: the capture waits until one does" in caplog.text:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError(f"no line says the capture waits:\n{caplog.text}")
+            landed = sorted(Path(landing).glob("part-*.parquet"))
+            time.sleep(2)
+            assert not waiting.done() and sorted(Path(landing).glob("part-*.parquet")) == landed
+            primary.execute("ALTER SYSTEM RESET synchronized_standby_slots")
+            primary.execute("SELECT pg_reload_conf()")
+            ahead = waiting.result(timeout=60)
         assert ahead.messages > 0 and ahead.chunks[-1].timeline == 1
         primary.stop()
         standby.promote()
         assert standby.query("SELECT count(*) FROM keyed WHERE id = 900", dbname=db) == [(0,)]
         standby.execute("INSERT INTO keyed VALUES (901, 'on the promoted one', NULL)", dbname=db)
 
-        files = sorted(Path(landing).glob("*.parquet"))
+        files = sorted(Path(landing).glob("part-*.parquet"))
         with pytest.raises(CaptureError, match=(
                 rf"ends at {Lsn(ahead.chunks[-1].end_lsn)} \(chunk {ahead.chunks[-1].chunk},"
                 r" read on timeline 1\), but slot 'pipe' on .* left timeline 1 at \S+, when it was promoted"
                 r" \(timeline 2\): the landing, and the mirrors, hold changes this server never had")):
             land(standby)
-        assert sorted(Path(landing).glob("*.parquet")) == files
+        assert sorted(Path(landing).glob("part-*.parquet")) == files
 
 
 def test_snapshot_refuses_a_failover_slot_before_17(spark: Any, pg15: PgCluster, tmp_path: Path,

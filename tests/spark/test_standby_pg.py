@@ -68,16 +68,23 @@ def _standby_snapshots(primary: PgCluster) -> Iterator[None]:
         writer.join()
 
 
+@contextmanager
+def _primary_and_standby(database: str) -> Iterator[tuple[PgCluster, PgCluster, str]]:
+    """A PostgreSQL 16 primary with TABLES in a new `database`, and a hot standby that replayed them."""
+    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
+        db = primary.create_database(database)
+        primary.execute(TABLES, dbname=db)
+        standby.wait_replayed()
+        yield primary, standby, db
+
+
 def _rows(cluster: PgCluster, db: str, query: str) -> list[tuple[Any, ...]]:
     return sorted(cluster.query(query, dbname=db), key=repr)
 
 
 def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
-        db = primary.create_database("standby_source")
-        primary.execute(TABLES, dbname=db)
-        standby.wait_replayed()
+    with _primary_and_standby("standby_source") as (primary, standby, db):
         dsn, slot = standby.conninfo(db), "standby_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
         with _standby_snapshots(primary):
@@ -144,10 +151,7 @@ def test_prepared_transactions_decoded_at_prepare_on_a_hot_standby(spark: Any, t
     primary are landed at their PREPARE, their COMMIT PREPARED and ROLLBACK PREPARED by a later
     capture; after each apply the mirrors equal the primary's tables (a prepared transaction's
     rows only once it is committed)."""
-    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
-        db = primary.create_database("standby_two_phase")
-        primary.execute(TABLES, dbname=db)
-        standby.wait_replayed()
+    with _primary_and_standby("standby_two_phase") as (primary, standby, db):
         dsn, slot = standby.conninfo(db), "two_phase_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
         with _standby_snapshots(primary):

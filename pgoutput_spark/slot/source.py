@@ -214,12 +214,18 @@ class SlotSource:
             raise self._error("create", exc) from None
 
     def _alter_failover(self) -> None:
-        """``ALTER_REPLICATION_SLOT ... (FAILOVER)``: a replication command only."""
+        self._replication_command(f"ALTER_REPLICATION_SLOT {quote_ident(self.slot)} (FAILOVER)",
+                                  "make a failover slot of")
+
+    def _replication_command(self, command: str, action: str) -> tuple[Any, ...] | None:
+        """Run one replication command on a ``replication=database`` connection; its row, if any."""
         try:
             with psycopg.connect(self._dsn or "", autocommit=True, replication="database") as conn:
-                psycopg.ClientCursor(conn).execute(f"ALTER_REPLICATION_SLOT {quote_ident(self.slot)} (FAILOVER)")
+                cursor = psycopg.ClientCursor(conn)  # the walsender takes the simple query protocol only
+                cursor.execute(command)
+                return cursor.fetchone() if cursor.description else None
         except psycopg.Error as exc:
-            raise self._error("make a failover slot of", exc) from None
+            raise self._error(action, exc) from None
 
     # -- the session ----------------------------------------------------------------------
 
@@ -260,14 +266,8 @@ class SlotSource:
     def timeline_history(self, timeline: int) -> dict[int, Lsn]:
         """Where this server's history left each timeline before `timeline` (its current one; a
         promotion starts a new one): ``TIMELINE_HISTORY``, a replication command."""
-        try:
-            with psycopg.connect(self._dsn or "", autocommit=True, replication="database") as conn:
-                cursor = psycopg.ClientCursor(conn)
-                cursor.execute(f"TIMELINE_HISTORY {timeline}")
-                _, content = cursor.fetchone()  # type: ignore[misc]
-        except psycopg.Error as exc:
-            raise self._error(f"read timeline {timeline}'s history (to check the landing against it) on",
-                              exc) from None
+        _, content = self._replication_command(  # type: ignore[misc]
+            f"TIMELINE_HISTORY {timeline}", f"read timeline {timeline}'s history (to check the landing against it) on")
         text = bytes(content).decode() if isinstance(content, (bytes, memoryview)) else str(content)
         return {int(fields[0]): Lsn(fields[1]) for fields in map(str.split, text.splitlines())
                 if len(fields) >= 2 and fields[0].isdigit()}

@@ -15,8 +15,10 @@ import os
 import platform
 import tarfile
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,25 @@ _database_numbers = itertools.count(1)
 def new_database(cluster: PgCluster, prefix: str = "test") -> str:
     """Create a database with a name unique in this test run; return the name."""
     return cluster.create_database(f"{prefix}_{next(_database_numbers)}")
+
+
+@contextmanager
+def standby_snapshots(primary: PgCluster) -> Iterator[None]:
+    """The primary writes a running-transactions record every 0.2 s meanwhile: a slot made on a
+    standby waits for one (the primary's own come every 15 s at most)."""
+    done = threading.Event()
+
+    def write() -> None:
+        while not done.wait(0.2):
+            primary.execute("SELECT pg_log_standby_snapshot()")
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        writer.join()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from pgoutput_spark.slot.landing import CAPTURE_SCHEMA, LANDING_INFO_FILE, Chunk
 from pgoutput_spark.slot.settings import SESSION_SETTINGS
 from pgoutput_spark.testing.pgcluster import PgCluster
 
-from ..plugins.postgres import new_database, zonky_bindir
+from ..plugins.postgres import new_database, standby_snapshots, zonky_bindir
 from ..plugins.s3 import Bucket
 
 pytestmark = pytest.mark.postgres
@@ -535,19 +534,8 @@ def test_a_standby_slot_whose_catalog_rows_the_primary_removed_is_named(major: i
         primary.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
         standby.wait_replayed()
         landing = str(tmp_path / "landing")
-        done = threading.Event()
-
-        def snapshots() -> None:  # a slot made on a standby waits for the primary's next one
-            while not done.wait(0.2):
-                primary.execute("SELECT pg_log_standby_snapshot()")
-
-        writer = threading.Thread(target=snapshots, daemon=True)
-        writer.start()
-        try:
+        with standby_snapshots(primary):
             capture_slot(landing, slot="s", dsn=standby.conninfo(), publications=[PUB], create_slot=True)
-        finally:
-            done.set()
-            writer.join()
         for statement in ("INSERT INTO t VALUES (1)", "CREATE TABLE conflict (x int)", "DROP TABLE conflict",
                           "VACUUM pg_class"):  # each its own transaction: rows deleted by another one
             primary.execute(statement)

@@ -59,13 +59,18 @@ def _synced(primary: PgCluster, standby: PgCluster, db: str, slot: str, wait: fl
     within `wait` seconds. Its first copy stays temporary while the slot on the primary needs
     catalog rows older than the standby kept then: until the capture moves the slot on."""
     want = [(_slot(primary, db, slot)[2],)]
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if standby.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots"
-                         " WHERE slot_name = %s AND synced AND NOT temporary", [slot]) == want:
-            return True
-        time.sleep(0.1)
-    return False
+    return _within(wait, lambda: standby.query("SELECT confirmed_flush_lsn::text FROM pg_replication_slots"
+                                               " WHERE slot_name = %s AND synced AND NOT temporary", [slot]) == want)
+
+
+def _within(seconds: float, check: Callable[[], bool]) -> bool:
+    """Whether `check()` holds within `seconds` (asked every 0.05 s)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _assert_mirrors_equal(spark: Any, target: str, source: PgCluster, db: str) -> None:
@@ -106,11 +111,9 @@ def _until_the_copy_is_ready(primary: PgCluster, standby: PgCluster, db: str, sl
     assert _slot(standby, db, slot)[:2] == (True, True)
     standby.execute("ALTER SYSTEM SET sync_replication_slots = off")
     standby.execute("SELECT pg_reload_conf()")
-    for _ in range(600):
-        if standby.query("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'") == [(0,)]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the standby's slot sync worker did not stop")
+    assert _within(30, lambda: standby.query(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'") == [(0,)]), \
+        "the standby's slot sync worker did not stop"
 
 
 def test_a_failover_slot_continues_on_the_promoted_standby(spark: Any, tmp_path: Path,
@@ -185,12 +188,9 @@ def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
         _until_the_copy_is_ready(primary, standby, db, slot, lambda: land(primary))
         standby.execute("ALTER SYSTEM SET primary_conninfo = ''")  # the standby receives no more WAL
         standby.execute("SELECT pg_reload_conf()")
-        for _ in range(600):  # its walsender on the primary gone too
-            if primary.query("SELECT active FROM pg_replication_slots WHERE slot_name = 'standby_1'") == [(False,)]:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the standby still streams")
+        assert _within(30, lambda: primary.query(  # its walsender on the primary gone too
+            "SELECT active FROM pg_replication_slots WHERE slot_name = 'standby_1'") == [(False,)]), \
+            "the standby still streams"
         primary.execute("INSERT INTO keyed VALUES (900, 'only the old primary had this', NULL)", dbname=db)
 
         # Named in synchronized_standby_slots, the standby that streams no more holds the changes back:
@@ -199,12 +199,8 @@ def test_a_landing_with_changes_the_promoted_standby_never_had_is_refused(
         primary.execute("SELECT pg_reload_conf()")
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(land, primary)
-            for _ in range(200):
-                if "no standby streams from standby_1: the capture waits until one does" in caplog.text:
-                    break
-                time.sleep(0.05)
-            else:
-                raise AssertionError(f"no line says the capture waits:\n{caplog.text}")
+            assert _within(10, lambda: "no standby streams from standby_1: the capture waits until one does"
+                           in caplog.text), f"no line says the capture waits:\n{caplog.text}"
             landed = sorted(Path(landing).glob("part-*.parquet"))
             time.sleep(2)
             assert not waiting.done() and sorted(Path(landing).glob("part-*.parquet")) == landed

@@ -9,7 +9,6 @@ the standby is promoted, and the pipeline goes on from it.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,8 @@ from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
+
+from ..plugins.postgres import standby_snapshots
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -50,25 +51,6 @@ TRAFFIC = [
 
 
 @contextmanager
-def _standby_snapshots(primary: PgCluster) -> Iterator[None]:
-    """The primary writes a running-transactions record every 0.2 s meanwhile: a slot made on a
-    standby waits for one (the primary's own come every 15 s at most)."""
-    done = threading.Event()
-
-    def write() -> None:
-        while not done.wait(0.2):
-            primary.execute("SELECT pg_log_standby_snapshot()")
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        yield
-    finally:
-        done.set()
-        writer.join()
-
-
-@contextmanager
 def _primary_and_standby(database: str) -> Iterator[tuple[PgCluster, PgCluster, str]]:
     """A PostgreSQL 16 primary with TABLES in a new `database`, and a hot standby that replayed them."""
     with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
@@ -87,7 +69,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
     with _primary_and_standby("standby_source") as (primary, standby, db):
         dsn, slot = standby.conninfo(db), "standby_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
-        with _standby_snapshots(primary):
+        with standby_snapshots(primary):
             snapshot = snapshot_tables(spark, target, slot=slot, publications=["standby_pub"], dsn=dsn)
         assert {t.table: t.rows for t in snapshot.tables} == {"public.keyed": 60, "public.bag": 3}
         assert "creating slot standby_slot on a standby: PostgreSQL waits for the primary's next" in caplog.text
@@ -108,7 +90,7 @@ def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_pa
         # table re-snapshotted from the standby (a temporary slot there), then more traffic.
         primary.execute("ALTER TABLE bag ADD COLUMN d int DEFAULT 7; INSERT INTO bag VALUES ('y', 3, 8)", dbname=db)
         standby.wait_replayed()
-        with _standby_snapshots(primary):
+        with standby_snapshots(primary):
             snapshot_tables(spark, target, tables=["public.bag"], publications=["standby_pub"], dsn=dsn)
         primary.execute("UPDATE keyed SET v = 'later' WHERE id = 4; DELETE FROM bag WHERE v = 'x';"
                         " INSERT INTO bag VALUES ('z', 4)", dbname=db)
@@ -154,7 +136,7 @@ def test_prepared_transactions_decoded_at_prepare_on_a_hot_standby(spark: Any, t
     with _primary_and_standby("standby_two_phase") as (primary, standby, db):
         dsn, slot = standby.conninfo(db), "two_phase_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
-        with _standby_snapshots(primary):
+        with standby_snapshots(primary):
             snapshot_tables(spark, target, slot=slot, publications=["standby_pub"], dsn=dsn, two_phase=True)
         assert standby.query("SELECT two_phase FROM pg_replication_slots") == [(True,)]
 

@@ -90,7 +90,7 @@ class Case:
     settings: tuple[str, ...] = ()  # SET statements of the fetching session
     setup: str = ""  # DDL the column type needs
     min_version: int = 0
-    smoke: bool = False  # part of the PG16 subset
+    smoke: bool = False  # part of the PG16 and PG17 subset
     oracle_binary: bool = False  # read the oracle with psycopg's binary loaders
     integers: bool = False  # compare temporal values as their int32 days / int64 microseconds
     binary_error: str | None = None  # the binary form must fail with this in the message

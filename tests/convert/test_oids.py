@@ -10,7 +10,7 @@ from pgoutput_spark.testing.pgcluster import PgCluster
 pytestmark = pytest.mark.postgres
 
 
-@pytest.mark.parametrize("cluster_name", ["pg15", "pg16"])
+@pytest.mark.parametrize("cluster_name", ["pg15", "pg16", "pg17", "pg18"])
 def test_oids_match_pg_type(request: pytest.FixtureRequest, cluster_name: str) -> None:
     cluster: PgCluster = request.getfixturevalue(cluster_name)
     rows = cluster.query(

@@ -60,7 +60,7 @@ _EXPECTED: dict[str, tuple[pa.DataType, list[Any]]] = {
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
-@pytest.mark.parametrize("cluster_name", ["pg15", "pg16"])
+@pytest.mark.parametrize("cluster_name", ["pg15", "pg16", "pg17", "pg18"])
 def test_relation_type_and_tuples(request: pytest.FixtureRequest, cluster_name: str, binary: bool) -> None:
     cluster: PgCluster = request.getfixturevalue(cluster_name)
     db = new_database(cluster, "convert_pgoutput")

@@ -6,7 +6,8 @@ them), convert both, and check that (1) the Arrow type is the documented
 one, (2) text and binary give the same array, (3) the values are what the
 server says through psycopg / SQL (mapped through the documented policy),
 (4) for arrays, the flattened elements equal the scalar conversion of
-``unnest(v)``. PostgreSQL 15 runs every case, PostgreSQL 16 the smoke subset.
+``unnest(v)``. PostgreSQL 15 and 18 run every case, PostgreSQL 16 and 17 the smoke
+subset.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def db15(pg15: PgCluster) -> Iterator[TypeDb]:
 @pytest.fixture(scope="module")
 def db16(pg16: PgCluster) -> Iterator[TypeDb]:
     db = TypeDb(pg16)
+    yield db
+    db.conn.close()
+
+
+@pytest.fixture(scope="module")
+def db17(pg17: PgCluster) -> Iterator[TypeDb]:
+    db = TypeDb(pg17)
+    yield db
+    db.conn.close()
+
+
+@pytest.fixture(scope="module")
+def db18(pg18: PgCluster) -> Iterator[TypeDb]:
+    db = TypeDb(pg18)
     yield db
     db.conn.close()
 
@@ -125,6 +140,16 @@ def test_pg15(db15: TypeDb, case: Case) -> None:
 @pytest.mark.parametrize("case", [c for c in SCALARS + ARRAYS if c.smoke], ids=lambda c: c.id)
 def test_pg16(db16: TypeDb, case: Case) -> None:
     check_case(db16, case)
+
+
+@pytest.mark.parametrize("case", [c for c in SCALARS + ARRAYS if c.smoke], ids=lambda c: c.id)
+def test_pg17(db17: TypeDb, case: Case) -> None:
+    check_case(db17, case)
+
+
+@pytest.mark.parametrize("case", SCALARS + ARRAYS, ids=lambda c: c.id)
+def test_pg18(db18: TypeDb, case: Case) -> None:
+    check_case(db18, case)
 
 
 def test_extra_float_digits_3_as_the_subscriber_uses(db15: TypeDb) -> None:

@@ -2,8 +2,10 @@
 
 PostgreSQL 15 gets four slots created at the same point before the workload:
 pgoutput for protocol 1, 2 (streaming) and 3 (streaming, two-phase slot) and
-one test_decoding slot. PostgreSQL 16 gets one two-phase pgoutput slot read
-with protocol 4 and parallel streaming. Peeks do not consume, so a slot can be
+one test_decoding slot. PostgreSQL 16 and 17 get one two-phase pgoutput slot
+read with protocol 4 and parallel streaming; PostgreSQL 18 that one, one for
+protocol 2 and a test_decoding slot (the tuples' check on the newest server).
+Peeks do not consume, so a slot can be
 read again with other options (binary, origin) and gives the same changes.
 """
 
@@ -34,7 +36,7 @@ PEEK_OPTIONS: dict[int, dict[str, Any]] = {
 }
 
 #: (server fixture, protocol version) of every capture the tests read.
-CAPTURE_PARAMS = [("pg15", 1), ("pg15", 2), ("pg15", 3), ("pg16", 4)]
+CAPTURE_PARAMS = [("pg15", 1), ("pg15", 2), ("pg15", 3), ("pg16", 4), ("pg17", 4), ("pg18", 4)]
 
 
 def stream_flags(messages: list[CapturedMessage]) -> list[bool]:
@@ -85,6 +87,14 @@ class Capture:
             except DecodeError as exc:
                 out.append(exc)
         return out
+
+    @property
+    def streams_aborted(self) -> bool:
+        """Whether the server streamed the workload's "aborted" transaction (rolled back after
+        outgrowing logical_decoding_work_mem, before the peek decoded it). PostgreSQL 18 checks a
+        transaction's status before it streams it, finds it aborted and sends nothing of it;
+        earlier servers stream it and end it with a Stream Abort."""
+        return self.cluster.version_num < 180000
 
     @property
     def label(self) -> str:
@@ -157,13 +167,23 @@ def pg16_workload(pg16: PgCluster) -> ServerWorkload:
     return _run(pg16, "pg16", [4], test_decoding=False)
 
 
+@pytest.fixture(scope="session")
+def pg17_workload(pg17: PgCluster) -> ServerWorkload:
+    return _run(pg17, "pg17", [4], test_decoding=False)
+
+
+@pytest.fixture(scope="session")
+def pg18_workload(pg18: PgCluster) -> ServerWorkload:
+    return _run(pg18, "pg18", [2, 4], test_decoding=True)
+
+
 def capture_id(param: tuple[str, int]) -> str:
     return f"{param[0]}-proto{param[1]}"
 
 
 @pytest.fixture(scope="module", params=CAPTURE_PARAMS, ids=capture_id)
 def capture(request: pytest.FixtureRequest) -> Capture:
-    """Each text-mode capture in turn: PG15 protocols 1-3, PG16 protocol 4."""
+    """Each text-mode capture in turn: PG15 protocols 1-3, PG16, 17 and 18 protocol 4."""
     server, proto = request.param
     workload: ServerWorkload = request.getfixturevalue(f"{server}_workload")
     return workload.capture(proto)

@@ -76,7 +76,7 @@ def _pairs(text: Capture, binary: Capture) -> list[tuple[m.RelationColumn, m.Tup
     return out
 
 
-@pytest.mark.parametrize("server, proto", [("pg15", 2), ("pg16", 4)], ids=["pg15", "pg16"])
+@pytest.mark.parametrize("server, proto", [("pg15", 2), ("pg16", 4), ("pg18", 4)], ids=["pg15", "pg16", "pg18"])
 def test_binary_values_load_like_text_values(request: pytest.FixtureRequest, server: str,
                                              proto: int) -> None:
     workload: ServerWorkload = request.getfixturevalue(f"{server}_workload")

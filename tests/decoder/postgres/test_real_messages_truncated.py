@@ -2,7 +2,7 @@
 
 The samples are the shortest captured message of every shape (type byte, in a
 stream block or not, old-tuple marker, zero columns or not, Stream Abort length) from PG15 with
-protocol 3 and PG16 with protocol 4, so every message type of the protocol is
+protocol 3 and PG16 and 18 with protocol 4, so every message type of the protocol is
 cut at every byte position. The compiled walk of the change messages and the
 NumPy one agree on all of it.
 """
@@ -43,7 +43,8 @@ def _samples(capture: Capture) -> list[Sample]:
     return [(shape, data, in_stream) for shape, (data, in_stream) in sorted(shortest.items(), key=str)]
 
 
-@pytest.fixture(scope="module", params=[("pg15", 3), ("pg16", 4)], ids=["pg15-proto3", "pg16-proto4"])
+@pytest.fixture(scope="module", params=[("pg15", 3), ("pg16", 4), ("pg18", 4)],
+                ids=["pg15-proto3", "pg16-proto4", "pg18-proto4"])
 def samples(request: pytest.FixtureRequest) -> tuple[int, list[Sample]]:
     server, proto = request.param
     workload: ServerWorkload = request.getfixturevalue(f"{server}_workload")

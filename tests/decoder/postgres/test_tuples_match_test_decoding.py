@@ -1,4 +1,4 @@
-"""pgoutput tuples (text mode) against test_decoding, row by row, on PostgreSQL 15.
+"""pgoutput tuples (text mode) against test_decoding, row by row, on PostgreSQL 15 and 18.
 
 A pgoutput slot and a test_decoding slot were created at the same point before
 the workload (see conftest.py), so both see the same changes. pgoutput is read
@@ -40,9 +40,15 @@ pytestmark = pytest.mark.postgres
 Item = tuple[int, Any, Any]  # (top-level xid, message, relation(s) it refers to)
 
 
+@pytest.fixture(scope="module", params=["pg15", "pg18"])
+def workload(request: pytest.FixtureRequest) -> ServerWorkload:
+    """The workload of each server that has a test_decoding slot beside its protocol 2 one."""
+    return request.getfixturevalue(f"{request.param}_workload")
+
+
 @pytest.fixture(scope="module")
-def pgoutput(pg15_workload: ServerWorkload) -> Capture:
-    return pg15_workload.capture(2)
+def pgoutput(workload: ServerWorkload) -> Capture:
+    return workload.capture(2)
 
 
 def _test_decoding(workload: ServerWorkload, **options: str) -> list[tuple[int, int, str]]:
@@ -118,10 +124,9 @@ def _td_value(column: Column) -> tuple[str, str | None]:
     return (column.kind, column.text)
 
 
-def test_every_committed_change_matches_test_decoding(pgoutput: Capture,
-                                                      pg15_workload: ServerWorkload) -> None:
+def test_every_committed_change_matches_test_decoding(pgoutput: Capture, workload: ServerWorkload) -> None:
     ours = _pgoutput_committed(pgoutput)
-    theirs = _test_decoding_committed(_test_decoding(pg15_workload))
+    theirs = _test_decoding_committed(_test_decoding(workload))
     assert len(ours) == len(theirs)
     type_names: dict[int, str] = {}
     compared: Counter[str] = Counter()
@@ -168,8 +173,7 @@ def test_every_committed_change_matches_test_decoding(pgoutput: Capture,
     }
 
 
-def test_stream_blocks_match_test_decoding_streaming(pgoutput: Capture,
-                                                     pg15_workload: ServerWorkload) -> None:
+def test_stream_blocks_match_test_decoding_streaming(pgoutput: Capture, workload: ServerWorkload) -> None:
     """Same blocks, same number of changes per block, same aborts and commits."""
     ours: list[tuple[str, int, int]] = []
     count = 0
@@ -187,7 +191,7 @@ def test_stream_blocks_match_test_decoding_streaming(pgoutput: Capture,
             ours.append(("commit", msg.xid, 0))
 
     theirs: list[tuple[str, int, int]] = []
-    for _, _, text in _test_decoding(pg15_workload, **{"stream-changes": "1"}):
+    for _, _, text in _test_decoding(workload, **{"stream-changes": "1"}):
         line = parse_line(text)
         if not isinstance(line, StreamEvent):
             continue
@@ -202,4 +206,5 @@ def test_stream_blocks_match_test_decoding_streaming(pgoutput: Capture,
             theirs.append((line.kind, line.xid, 0))  # type: ignore[arg-type]
     assert ours == theirs
     facts = pgoutput.facts
-    assert ("abort", facts.subxid, 0) in ours and ("abort", facts.xids["aborted"], 0) in ours
+    assert ("abort", facts.subxid, 0) in ours
+    assert (("abort", facts.xids["aborted"], 0) in ours) == pgoutput.streams_aborted

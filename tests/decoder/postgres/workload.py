@@ -138,7 +138,8 @@ def run_workload(cluster: PgCluster, db: str) -> WorkloadFacts:
     """Run every transaction once; the slots must already exist.
 
     Named transactions: insert, update, delete, truncate, tx_message, origin,
-    streamed (savepoint rolled back), aborted (streamed, then ROLLBACK),
+    streamed (savepoint rolled back), aborted (streamed, then ROLLBACK; PostgreSQL 18 sends
+    nothing of it, see `Capture.streams_aborted`),
     prepared_commit, prepared_rollback, prepared_big (streamed, committed).
     """
     facts = WorkloadFacts(db)

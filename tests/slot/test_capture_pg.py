@@ -229,7 +229,7 @@ _KILL_AT_SECOND_ADVANCE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("server", ["pg15", "pg16"])
+@pytest.mark.parametrize("server", ["pg15", "pg16", "pg17", "pg18"])
 def test_killed_between_landing_a_chunk_and_advancing_the_slot(
         server: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pg: PgCluster = request.getfixturevalue(server)
@@ -256,31 +256,35 @@ def test_killed_between_landing_a_chunk_and_advancing_the_slot(
     _assert_each_transaction_once(landed)
     kinds = {d[:1] for d in landed.column("data").to_pylist()}
     assert {b"S", b"E", b"c", b"A", b"b", b"P", b"p", b"K", b"r"} <= kinds  # streams, aborts, two-phase
-    assert len(_chunk_ends(killed)) > 3
+    # The resumed capture went on past the chunk it recovered (PostgreSQL 18 leaves out the stream
+    # of the transaction rolled back before the capture decodes it: fewer chunks there).
+    assert len(_chunk_ends(killed)) > 2
 
 
+@pytest.mark.parametrize("server", ["pg15", "pg18"])
 def test_a_lost_connection_mid_chunk_lands_nothing_of_that_chunk(
-        pg15: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    db = _setup(pg15, slots=("landed", "twin"))
-    _plain_workload(pg15, db, 0)
+        server: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=("landed", "twin"))
+    _plain_workload(pg, db, 0)
     landing, whole = tmp_path / "landing", tmp_path / "whole"
     write = ChunkFile.write
 
     def write_then_lose_the_server(self: ChunkFile, batch: pa.RecordBatch) -> None:
         write(self, batch)
         if self.chunk == 1:
-            pg15.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                         " WHERE query LIKE '%%pgoutput_spark_peek%%' AND pid <> pg_backend_pid()", dbname=db)
+            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                       " WHERE query LIKE '%%pgoutput_spark_peek%%' AND pid <> pg_backend_pid()", dbname=db)
 
     monkeypatch.setattr(ChunkFile, "write", write_then_lose_the_server)
     with pytest.raises(CaptureError, match="connection to the server was lost; nothing of this chunk"):
-        capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), publications=[PUB],
+        capture_slot(str(landing), slot=f"{db}_landed", dsn=pg.conninfo(db), publications=[PUB],
                      proto_version=1, chunk_size=20, batch_rows=3)
     monkeypatch.undo()
     assert sorted(p.name for p in landing.iterdir()) == [LANDING_INFO_FILE, "part-00000000.parquet"]
 
-    capture_slot(str(landing), slot=f"{db}_landed", dsn=pg15.conninfo(db), chunk_size=20)
-    capture_slot(str(whole), slot=f"{db}_twin", dsn=pg15.conninfo(db), publications=[PUB], proto_version=1,
+    capture_slot(str(landing), slot=f"{db}_landed", dsn=pg.conninfo(db), chunk_size=20)
+    capture_slot(str(whole), slot=f"{db}_twin", dsn=pg.conninfo(db), publications=[PUB], proto_version=1,
                  chunk_size=20)
     assert _landed(landing).equals(_landed(whole))
 
@@ -354,44 +358,49 @@ def test_a_rolled_back_subtransaction_streamed_without_its_abort_is_read_again_u
                     .column("data").to_pylist()}
 
 
-def test_the_landing_records_options_and_session_settings(pg16: PgCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["pg16", "pg18"])
+def test_the_landing_records_options_and_session_settings(server: str, request: pytest.FixtureRequest,
+                                                          tmp_path: Path) -> None:
     import json
 
-    db = _setup(pg16, slots=())
-    result = capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), publications=[PUB],
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=())
+    result = capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg.conninfo(db), publications=[PUB],
                           create_slot=True)
     assert result.messages == 0
     info = json.loads((tmp_path / LANDING_INFO_FILE).read_text())
     assert info["options"] == {"publications": [PUB], "proto_version": 4, "streaming": None,
                                "two_phase": False, "messages": False, "binary": False, "origin": None}
     assert info["slot"] == f"{db}_new_slot" and info["database"] == db
-    assert info["system_identifier"] == str(pg16.query("SELECT system_identifier FROM pg_control_system()")[0][0])
+    assert info["system_identifier"] == str(pg.query("SELECT system_identifier FROM pg_control_system()")[0][0])
     assert info["settings"] == {"client_encoding": "UTF8", "DateStyle": "ISO, YMD", "IntervalStyle": "postgres",
                                 "TimeZone": "UTC", "extra_float_digits": "3", "bytea_output": "hex",
                                 "lc_monetary": "C", "server_encoding": "UTF8"}
     assert set(SESSION_SETTINGS) < set(info["settings"])
     with pytest.raises(CaptureError, match="was landed with options = .* land into a new folder"):
-        capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg16.conninfo(db), proto_version=2)
+        capture_slot(str(tmp_path), slot=f"{db}_new_slot", dsn=pg.conninfo(db), proto_version=2)
 
 
-def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
-        pg16: PgCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("server", ["pg16", "pg17", "pg18"])
+def test_on_16_and_later_each_chunk_leaves_a_restart_point_for_the_next_ones(
+        server: str, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """PostgreSQL moves a slot's restart_lsn, where every chunk's decoding starts, only at
     running-transactions records, which the server writes by itself after 15 s of activity:
     the capture has one written after each chunk (when the role may)."""
-    db = _setup(pg16, slots=("s",))
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=("s",))
     slot = f"{db}_s"
-    created = _slot_lsn(pg16, db, slot, "restart_lsn")
-    _plain_workload(pg16, db, 0)
-    first = capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), publications=[PUB],
+    created = _slot_lsn(pg, db, slot, "restart_lsn")
+    _plain_workload(pg, db, 0)
+    first = capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg.conninfo(db), publications=[PUB],
                          chunk_size=20)
     assert len(first.chunks) > 2
-    _plain_workload(pg16, db, 100)
+    _plain_workload(pg, db, 100)
     lines: list[Any] = []
-    capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg16.conninfo(db), chunk_size=20, progress=lines.append)
+    capture_slot(str(tmp_path / "a"), slot=slot, dsn=pg.conninfo(db), chunk_size=20, progress=lines.append)
     # The records written after the first capture's chunks lie past its last chunk: the second
     # capture passed them, and the slot's restart point followed.
-    assert _slot_lsn(pg16, db, slot, "restart_lsn") >= first.chunks[-1].end_lsn > created
+    assert _slot_lsn(pg, db, slot, "restart_lsn") >= first.chunks[-1].end_lsn > created
     # The progress line says how much WAL each chunk decoded before its own: after the second
     # capture's first chunk, only what came after the first capture's end.
     assert len(lines) > 1 and all(line.decoded_before is not None for line in lines)
@@ -400,11 +409,11 @@ def test_on_16_each_chunk_leaves_a_restart_point_for_the_next_ones(
 
     # A role that may not write them (EXECUTE on pg_log_standby_snapshot is for superusers
     # unless granted) captures all the same, without a warning.
-    pg16.execute("DO $$ BEGIN CREATE ROLE capture_plain LOGIN REPLICATION; EXCEPTION WHEN"
-                 " duplicate_object THEN NULL; END $$", dbname=db)
-    pg16.create_slot(f"{db}_plain", dbname=db)
-    _plain_workload(pg16, db, 200)
-    dsn = f"host={pg16.host} port={pg16.port} dbname={db} user=capture_plain"
+    pg.execute("DO $$ BEGIN CREATE ROLE capture_plain LOGIN REPLICATION; EXCEPTION WHEN"
+               " duplicate_object THEN NULL; END $$", dbname=db)
+    pg.create_slot(f"{db}_plain", dbname=db)
+    _plain_workload(pg, db, 200)
+    dsn = f"host={pg.host} port={pg.port} dbname={db} user=capture_plain"
     plain = capture_slot(str(tmp_path / "b"), slot=f"{db}_plain", dsn=dsn, publications=[PUB], chunk_size=20)
     assert plain.messages > 0 and plain.caught_up
     assert "running-transactions" not in caplog.text
@@ -420,43 +429,50 @@ def _capture_error(pg: PgCluster, db: str, landing: Path, **kwargs: Any) -> str:
     return str(info.value)
 
 
-def test_slot_and_publication_problems_are_named(pg15: PgCluster, tmp_path: Path) -> None:
-    db = _setup(pg15, slots=())
+@pytest.mark.parametrize("server", ["pg15", "pg18"])
+def test_slot_and_publication_problems_are_named(server: str, request: pytest.FixtureRequest,
+                                                 tmp_path: Path) -> None:
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=())
     assert f"replication slot '{db}_missing' does not exist" in _capture_error(
-        pg15, db, tmp_path / "a", slot=f"{db}_missing")
-    pg15.create_slot(f"{db}_td", plugin="test_decoding", dbname=db)
-    assert "is a 'test_decoding' slot" in _capture_error(pg15, db, tmp_path / "b", slot=f"{db}_td")
+        pg, db, tmp_path / "a", slot=f"{db}_missing")
+    pg.create_slot(f"{db}_td", plugin="test_decoding", dbname=db)
+    assert "is a 'test_decoding' slot" in _capture_error(pg, db, tmp_path / "b", slot=f"{db}_td")
     assert "publication 'nope' does not exist" in _capture_error(
-        pg15, db, tmp_path / "c", publications=[PUB, "nope"], create_slot=True)
-    pg15.create_slot(f"{db}_plain", dbname=db)
+        pg, db, tmp_path / "c", publications=[PUB, "nope"], create_slot=True)
+    pg.create_slot(f"{db}_plain", dbname=db)
     assert "created without two_phase" in _capture_error(
-        pg15, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
-    assert "protocol version 4 needs PostgreSQL 16" in _capture_error(
-        pg15, db, tmp_path / "e", slot=f"{db}_plain", proto_version=4)
+        pg, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
+    if pg.version_num < 160000:
+        assert "protocol version 4 needs PostgreSQL 16" in _capture_error(
+            pg, db, tmp_path / "e", slot=f"{db}_plain", proto_version=4)
     assert "a new landing needs its publications" in _capture_error(
-        pg15, db, tmp_path / "f", slot=f"{db}_plain", publications=None)
+        pg, db, tmp_path / "f", slot=f"{db}_plain", publications=None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "f").exists()
     # Binary values the apply cannot read, through domains and arrays; before any slot is made.
-    pg15.execute("CREATE TYPE pair AS (a int, b text); CREATE TYPE mood AS ENUM ('ok');"
-                 " CREATE DOMAIN spans AS int4range[]; CREATE DOMAIN small AS int;"
-                 " CREATE TABLE b (id small, p pair, s spans, pt point, m mood, ok int[], t tsvector);"
-                 " CREATE PUBLICATION binpub FOR TABLE b", dbname=db)
-    message = _capture_error(pg15, db, tmp_path / "g", slot=f"{db}_binary", publications=["binpub"],
+    pg.execute("CREATE TYPE pair AS (a int, b text); CREATE TYPE mood AS ENUM ('ok');"
+               " CREATE DOMAIN spans AS int4range[]; CREATE DOMAIN small AS int;"
+               " CREATE TABLE b (id small, p pair, s spans, pt point, m mood, ok int[], t tsvector);"
+               " CREATE PUBLICATION binpub FOR TABLE b", dbname=db)
+    message = _capture_error(pg, db, tmp_path / "g", slot=f"{db}_binary", publications=["binpub"],
                              proto_version=2, binary=True, create_slot=True)
     assert message.startswith("binary capture: the apply cannot read these columns' values in binary form: "
                               "public.b.p (pair: a composite type), public.b.s (int4range: a range type), "
                               "public.b.pt (point), public.b.t (tsvector); capture without binary"), message
-    assert pg15.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (f"{db}_binary",),
-                      dbname=db) == [(0,)]
+    assert pg.query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (f"{db}_binary",),
+                    dbname=db) == [(0,)]
 
 
-def test_a_slot_moved_on_by_someone_else_is_refused(pg15: PgCluster, tmp_path: Path) -> None:
-    db = _setup(pg15, slots=("s",))
-    _plain_workload(pg15, db, 0)
-    capture_slot(str(tmp_path), slot=f"{db}_s", dsn=pg15.conninfo(db), publications=[PUB], proto_version=1)
-    _plain_workload(pg15, db, 100)
-    pg15.get_pgoutput(f"{db}_s", publications=[PUB], proto_version=1, dbname=db)
-    assert "the messages in between were consumed by someone else" in _capture_error(pg15, db, tmp_path)
+@pytest.mark.parametrize("server", ["pg15", "pg18"])
+def test_a_slot_moved_on_by_someone_else_is_refused(server: str, request: pytest.FixtureRequest,
+                                                    tmp_path: Path) -> None:
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=("s",))
+    _plain_workload(pg, db, 0)
+    capture_slot(str(tmp_path), slot=f"{db}_s", dsn=pg.conninfo(db), publications=[PUB], proto_version=1)
+    _plain_workload(pg, db, 100)
+    pg.get_pgoutput(f"{db}_s", publications=[PUB], proto_version=1, dbname=db)
+    assert "the messages in between were consumed by someone else" in _capture_error(pg, db, tmp_path)
 
 
 def test_one_capture_per_slot_at_a_time(pg15: PgCluster, tmp_path: Path) -> None:
@@ -466,12 +482,15 @@ def test_one_capture_per_slot_at_a_time(pg15: PgCluster, tmp_path: Path) -> None
         assert f"another pgoutput-spark capture is reading slot '{db}_s'" in _capture_error(pg15, db, tmp_path)
 
 
-def test_a_role_without_replication_is_told_what_it_lacks(pg15: PgCluster, tmp_path: Path) -> None:
-    db = _setup(pg15, slots=("s",))
-    pg15.execute("DO $$ BEGIN CREATE ROLE capture_weak LOGIN; EXCEPTION WHEN duplicate_object THEN NULL;"
-                 " END $$", dbname=db)
-    dsn = f"host={pg15.host} port={pg15.port} dbname={db} user=capture_weak"
-    message = _capture_error(pg15, db, tmp_path, dsn=dsn, proto_version=1)
+@pytest.mark.parametrize("server", ["pg15", "pg18"])
+def test_a_role_without_replication_is_told_what_it_lacks(server: str, request: pytest.FixtureRequest,
+                                                          tmp_path: Path) -> None:
+    pg: PgCluster = request.getfixturevalue(server)
+    db = _setup(pg, slots=("s",))
+    pg.execute("DO $$ BEGIN CREATE ROLE capture_weak LOGIN; EXCEPTION WHEN duplicate_object THEN NULL;"
+               " END $$", dbname=db)
+    dsn = f"host={pg.host} port={pg.port} dbname={db} user=capture_weak"
+    message = _capture_error(pg, db, tmp_path, dsn=dsn, proto_version=1)
     assert "the role needs the REPLICATION attribute" in message
 
 

@@ -1,7 +1,7 @@
-"""The pipeline against a hot standby: PostgreSQL 16 decodes logically on a standby too.
+"""The pipeline against a hot standby: PostgreSQL 16 and later decode logically on a standby too.
 
-Teams point logical decoding at a standby to spare the primary. A PostgreSQL 16 primary and a
-streaming standby of it (`PgCluster.standby`): `snapshot` (a new pipeline's and a table's
+Teams point logical decoding at a standby to spare the primary. A PostgreSQL 16 (and 18) primary
+and a streaming standby of it (`PgCluster.standby`): `snapshot` (a new pipeline's and a table's
 re-snapshot), `capture` and `verify` connect to the standby only, the traffic runs on the
 primary, and the mirrors are compared with the primary's tables; then the primary goes away,
 the standby is promoted, and the pipeline goes on from it.
@@ -25,7 +25,7 @@ from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
 
-from ..plugins.postgres import standby_snapshots
+from ..plugins.postgres import standby_snapshots, zonky_bindir
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -51,9 +51,11 @@ TRAFFIC = [
 
 
 @contextmanager
-def _primary_and_standby(database: str) -> Iterator[tuple[PgCluster, PgCluster, str]]:
-    """A PostgreSQL 16 primary with TABLES in a new `database`, and a hot standby that replayed them."""
-    with PgCluster.pgserver() as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
+def _primary_and_standby(database: str, major: int = 16) -> Iterator[tuple[PgCluster, PgCluster, str]]:
+    """A PostgreSQL `major` primary (16: the pgserver wheel's; 17, 18: Zonky's builds) with TABLES
+    in a new `database`, and a hot standby that replayed them."""
+    cluster = PgCluster.pgserver() if major == 16 else PgCluster(zonky_bindir(major))
+    with cluster as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
         db = primary.create_database(database)
         primary.execute(TABLES, dbname=db)
         standby.wait_replayed()
@@ -64,9 +66,10 @@ def _rows(cluster: PgCluster, db: str, query: str) -> list[tuple[Any, ...]]:
     return sorted(cluster.query(query, dbname=db), key=repr)
 
 
-def test_snapshot_capture_apply_and_verify_from_a_hot_standby(spark: Any, tmp_path: Path,
+@pytest.mark.parametrize("major", [16, 18])
+def test_snapshot_capture_apply_and_verify_from_a_hot_standby(major: int, spark: Any, tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    with _primary_and_standby("standby_source") as (primary, standby, db):
+    with _primary_and_standby("standby_source", major) as (primary, standby, db):
         dsn, slot = standby.conninfo(db), "standby_slot"
         target, landing = str(tmp_path / "target"), str(tmp_path / "landing")
         with standby_snapshots(primary):

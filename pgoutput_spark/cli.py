@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     capture.add_argument("--streaming", choices=["on", "off", "parallel"],
                          help="stream large in-progress transactions")
     capture.add_argument("--two-phase", action=argparse.BooleanOptionalAction, default=None,
-                         help="decode prepared transactions at PREPARE (slot created with two_phase)")
+                         help="decode prepared transactions at PREPARE (a slot with two_phase; PostgreSQL 18+"
+                              " turns it on for one without)")
     capture.add_argument("--messages", action=argparse.BooleanOptionalAction, default=None,
                          help="include pg_logical_emit_message messages")
     capture.add_argument("--binary", action=argparse.BooleanOptionalAction, default=None,

@@ -227,6 +227,8 @@ def capture_slot(
     With `failover` (PostgreSQL 17+) the slot is a failover slot: created so with
     `create_slot`, made so when it is not (standbys with ``sync_replication_slots``
     keep a copy of it, which the capture continues from once one is promoted).
+    With `two_phase` and a slot made without it, PostgreSQL 18 and later turn it on for the
+    slot (earlier versions: an error).
     """
     if chunk_size < 1 or batch_rows < 1:
         raise CaptureError("chunk_size and batch_rows must be 1 or more")

@@ -135,7 +135,8 @@ class SlotSource:
 
     def ensure_slot(self, *, create: bool, failover: bool = False) -> SlotInfo:
         """The slot, checked (created first when missing and `create`); with `failover`, a failover
-        slot (PostgreSQL 17+): created so, or made so when it is not."""
+        slot (PostgreSQL 17+): created so, or made so when it is not. A slot without two_phase that
+        the options want with it is made so on PostgreSQL 18 and later, refused before."""
         if failover and self.conn.info.server_version < 170000:
             raise CaptureError(f"failover slots need PostgreSQL 17 or later; the server of {self.where} is"
                                f" PostgreSQL {self.conn.info.server_version // 10000}")
@@ -153,9 +154,11 @@ class SlotSource:
         if info.database != self.conn.info.dbname:
             raise CaptureError(f"{self.where} belongs to database {info.database!r}: connect to that"
                                " database")
-        if self.options.two_phase and not info.two_phase:
+        version = self.conn.info.server_version
+        if self.options.two_phase and not info.two_phase and version < 180000:
             raise CaptureError(f"{self.where} was created without two_phase: two_phase decoding needs a"
-                               " slot created with two_phase = true")
+                               " slot created with two_phase = true (PostgreSQL 18 and later can turn it on,"
+                               f" which capture does there; the server is PostgreSQL {version // 10000})")
         if info.invalidated is not None:
             raise CaptureError(f"{self.where} is invalidated: {info.invalidated}. The changes after its"
                                f" position {info.confirmed_flush} can no longer be decoded; start the pipeline"
@@ -167,9 +170,14 @@ class SlotSource:
                                " in step with it (sync_replication_slots): read the slot on the primary; this"
                                " copy can be read once the standby is promoted")
         if failover and not info.failover:
-            self._alter_failover()
+            self._alter("FAILOVER", "make a failover slot of")
             info = replace(info, failover=True)
             _log.info("%s was made a failover slot", self.where)
+        if self.options.two_phase and not info.two_phase:
+            self._alter("TWO_PHASE", "turn two_phase on for")
+            info = replace(info, two_phase=True)
+            _log.info("%s decodes prepared transactions at their PREPARE from now on (two_phase turned on);"
+                      " those prepared before arrive whole at their COMMIT PREPARED", self.where)
         if info.failover and not standby:
             self._say_standby_slots()
         return info
@@ -213,9 +221,10 @@ class SlotSource:
         except psycopg.Error as exc:
             raise self._error("create", exc) from None
 
-    def _alter_failover(self) -> None:
-        self._replication_command(f"ALTER_REPLICATION_SLOT {quote_ident(self.slot)} (FAILOVER)",
-                                  "make a failover slot of")
+    def _alter(self, option: str, action: str) -> None:
+        """Turn a boolean option of the slot on (ALTER_REPLICATION_SLOT: FAILOVER from PostgreSQL
+        17, TWO_PHASE from 18)."""
+        self._replication_command(f"ALTER_REPLICATION_SLOT {quote_ident(self.slot)} ({option})", action)
 
     def _replication_command(self, command: str, action: str) -> tuple[Any, ...] | None:
         """Run one replication command on a ``replication=database`` connection; its row, if any."""

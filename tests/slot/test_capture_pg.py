@@ -7,6 +7,7 @@ one sees the same transactions, and PostgreSQL's own
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from pgoutput_spark import decode_message
 from pgoutput_spark.cli import main
 from pgoutput_spark.errors import CaptureError
 from pgoutput_spark.lsn import Lsn
@@ -441,8 +443,10 @@ def test_slot_and_publication_problems_are_named(server: str, request: pytest.Fi
     assert "publication 'nope' does not exist" in _capture_error(
         pg, db, tmp_path / "c", publications=[PUB, "nope"], create_slot=True)
     pg.create_slot(f"{db}_plain", dbname=db)
-    assert "created without two_phase" in _capture_error(
-        pg, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
+    if pg.version_num < 180000:  # 18 turns two_phase on: test_two_phase_turned_on_for_a_slot_without_it_on_18
+        assert "created without two_phase: two_phase decoding needs a slot created with two_phase = true" \
+            " (PostgreSQL 18 and later can turn it on, which capture does there; the server is PostgreSQL 15)" \
+            in _capture_error(pg, db, tmp_path / "d", slot=f"{db}_plain", proto_version=3, two_phase=True)
     if pg.version_num < 160000:
         assert "protocol version 4 needs PostgreSQL 16" in _capture_error(
             pg, db, tmp_path / "e", slot=f"{db}_plain", proto_version=4)
@@ -605,3 +609,47 @@ def test_capture_makes_a_slot_a_failover_slot_and_refuses_one_before_17(
                 assert "failover slots need PostgreSQL 17 or later; the server of slot 'plain' on" in \
                     capsys.readouterr().err
                 pg.drop_slot("plain", dbname=db)
+
+
+def test_two_phase_turned_on_for_a_slot_without_it_on_18(pg18: PgCluster, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A new landing with two_phase from a slot made without it (by hand, or by a `snapshot`
+    without --two-phase): PostgreSQL 18 turns it on (ALTER_REPLICATION_SLOT ... (TWO_PHASE)). A
+    transaction prepared before arrives whole at its COMMIT PREPARED; one prepared after, at
+    its PREPARE. Nothing of either is lost."""
+    db = _setup(pg18, slots=("s",))
+    slot = f"{db}_s"
+
+    def prepare(gid: str, key: int) -> int:
+        with pg18.connect(db, autocommit=False) as conn:
+            conn.execute("INSERT INTO t VALUES (%s, %s)", (key, gid))
+            xid = int(conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0])  # type: ignore[index]
+            conn.execute(f"PREPARE TRANSACTION '{gid}'")
+        return xid
+
+    xids = {"before": prepare("before", 1)}
+    two_phase = "SELECT two_phase FROM pg_replication_slots WHERE slot_name = %s"
+    assert pg18.query(two_phase, (slot,)) == [(False,)]
+    with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
+        capture_slot(str(tmp_path), slot=slot, dsn=pg18.conninfo(db), publications=[PUB], proto_version=3,
+                     two_phase=True)
+    assert pg18.query(two_phase, (slot,)) == [(True,)]
+    assert "decodes prepared transactions at their PREPARE from now on (two_phase turned on)" in caplog.text
+    pg18.execute("COMMIT PREPARED 'before'", dbname=db)
+    xids["after"] = prepare("after", 2)
+    capture_slot(str(tmp_path), slot=slot, dsn=pg18.conninfo(db))
+
+    landed = _landed(tmp_path)
+    outline: dict[str, list[str]] = {}
+    for data, xid in zip(landed.column("data").to_pylist(), landed.column("xid").to_pylist()):
+        message = decode_message(data)
+        gid = getattr(message, "gid", None)
+        if gid is not None:
+            assert xid == xids[gid]
+            outline.setdefault(gid, []).append(type(message).__name__)
+    assert outline == {"before": ["BeginPrepare", "Prepare", "CommitPrepared"],
+                       "after": ["BeginPrepare", "Prepare"]}
+    inserted = [decode_message(d) for d in landed.column("data").to_pylist() if d[:1] == b"I"]
+    assert sorted(i.new_tuple[1].value for i in inserted) == [b"after", b"before"]  # type: ignore[attr-defined]
+    assert pg18.query("SELECT gid FROM pg_prepared_xacts", dbname=db) == [("after",)]
+    pg18.execute("ROLLBACK PREPARED 'after'", dbname=db)

@@ -240,3 +240,31 @@ def test_published_generated_columns_on_18_in_snapshot_apply_and_verify(spark: A
     assert {t.table: t.state for t in verified.tables} == dict.fromkeys(["public.g", "public.h", "public.n"],
                                                                           "equal"), verified.render()
     pg18.drop_slot(slot, dbname=db)
+
+
+def test_a_temporal_primary_key_on_18_keys_its_mirror(spark: Any, pg18: PgCluster, tmp_path: Path) -> None:
+    """PostgreSQL 18's temporal primary key (``WITHOUT OVERLAPS``, a GiST index) is the table's
+    replica identity as any primary key is: rows of one id in periods of their own are rows of
+    their own, an update of a period moves its row, a delete takes one period's row away. Were
+    it not used as the key, the table would get inserts only and its mirror would keep them all."""
+    db = new_database(pg18, "temporal")
+    pg18.execute("CREATE EXTENSION btree_gist;"
+                 " CREATE TABLE room (id int, during tstzrange, who text, PRIMARY KEY (id, during WITHOUT OVERLAPS));"
+                 " INSERT INTO room VALUES (1, '[2026-01-01,2026-02-01)', 'a'), (1, '[2026-02-01,2026-03-01)', 'b'),"
+                 "   (2, '[2026-01-01,2026-02-01)', 'c');"
+                 " CREATE PUBLICATION temporal FOR TABLE room", dbname=db)
+    slot, target, landing, dsn = f"{db}_slot", str(tmp_path / "target"), str(tmp_path / "landing"), pg18.conninfo(db)
+    snapshot_tables(spark, target, slot=slot, publications=["temporal"], dsn=dsn)
+    pg18.execute("UPDATE room SET who = 'a2' WHERE id = 1 AND during = '[2026-01-01,2026-02-01)';"
+                 " UPDATE room SET during = '[2026-03-01,2026-04-01)' WHERE who = 'b';"
+                 " INSERT INTO room VALUES (1, '[2026-02-01,2026-03-01)', 'd');"
+                 " DELETE FROM room WHERE id = 2", dbname=db)
+    capture_slot(landing, slot=slot, dsn=dsn, publications=["temporal"])
+    applied = run_apply(spark, read_capture(spark, landing), target)
+    assert [(t.table, t.status) for t in applied.tables] == [("public.room", "merged")]
+    rows = sorted(tuple(r) for r in mirror(spark, target, "public.room").collect())
+    assert rows == sorted(pg18.query("SELECT id, during::text, who FROM room", dbname=db))
+    assert len(rows) == 3
+    verified = verify_mirrors(spark, target, landing, dsn=dsn)
+    assert {t.table: t.state for t in verified.tables} == {"public.room": "equal"}, verified.render()
+    pg18.drop_slot(slot, dbname=db)

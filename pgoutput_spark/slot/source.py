@@ -141,11 +141,12 @@ class SlotSource:
             raise CaptureError(f"failover slots need PostgreSQL 17 or later; the server of {self.where} is"
                                f" PostgreSQL {self.conn.info.server_version // 10000}")
         info = self.slot_info()
+        standby = bool(self._scalar("SELECT pg_is_in_recovery()"))
         if info is None:
             if not create:
                 raise CaptureError(f"replication slot {self.slot!r} does not exist on"
                                    f" {self.where.split(' on ')[1]}: create it, or pass --create-slot")
-            self._create_slot(failover)
+            self._create_slot(failover, standby)
             info = self.slot_info()
             assert info is not None
         if info.plugin != "pgoutput":
@@ -164,7 +165,6 @@ class SlotSource:
                                f" position {info.confirmed_flush} can no longer be decoded; start the pipeline"
                                " again from a new slot: drop this one, then `pgoutput-spark snapshot` into a new"
                                " target and `capture` into a new landing")
-        standby = bool(self._scalar("SELECT pg_is_in_recovery()"))
         if info.synced and standby:
             raise CaptureError(f"{self.where} is a copy of the primary's failover slot, which this standby keeps"
                                " in step with it (sync_replication_slots): read the slot on the primary; this"
@@ -204,16 +204,17 @@ class SlotSource:
                          " capture waits until one does, or until synchronized_standby_slots leaves it out",
                          self.where, ", ".join(idle))
 
-    def say_if_standby(self) -> None:
+    def say_if_standby(self, standby: bool | None = None) -> None:
         """A slot made on a standby waits for the primary's next running-transactions record,
-        which an idle primary never writes: say so before making one there."""
-        if self._scalar("SELECT pg_is_in_recovery()"):
+        which an idle primary never writes: say so before making one there (`standby`: whether
+        the server is one, when known; else asked)."""
+        if standby if standby is not None else self._scalar("SELECT pg_is_in_recovery()"):
             _log.warning("creating slot %s on a standby: PostgreSQL waits for the primary's next running-"
                          "transactions record (every 15 s at most while the primary is busy, none while it is "
                          "idle: SELECT pg_log_standby_snapshot() on the primary writes one)", self.slot)
 
-    def _create_slot(self, failover: bool) -> None:
-        self.say_if_standby()
+    def _create_slot(self, failover: bool, standby: bool) -> None:
+        self.say_if_standby(standby)
         arguments = (self.slot, self.options.two_phase) + ((True,) if failover else ())
         try:
             self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s"

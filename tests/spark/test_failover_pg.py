@@ -84,7 +84,7 @@ def _assert_mirrors_equal(spark: Any, target: str, source: PgCluster, db: str) -
 def _primary_and_standby(synchronized: bool) -> Iterator[tuple[PgCluster, PgCluster, str]]:
     """A PostgreSQL 17 primary with TABLES and a physical slot for its standby (named in its
     synchronized_standby_slots when `synchronized`), and the standby, syncing slots."""
-    with PgCluster(zonky_bindir(17), client_bindir=PgCluster.debian(15).bindir) as primary:
+    with PgCluster(zonky_bindir(17)) as primary:
         db = primary.create_database("failover_source")
         primary.execute(TABLES, dbname=db)
         primary.execute("SELECT pg_create_physical_replication_slot('standby_1', true)")

@@ -53,31 +53,23 @@ class TypeDb:
 
 
 @pytest.fixture(scope="module")
-def db15(pg15: PgCluster) -> Iterator[TypeDb]:
-    db = TypeDb(pg15)
-    yield db
-    db.conn.close()
+def type_dbs() -> Iterator[dict[int, TypeDb]]:
+    """The module's `TypeDb` of each cluster (by port), made when a test first asks (`_type_db`)."""
+    dbs: dict[int, TypeDb] = {}
+    yield dbs
+    for db in dbs.values():
+        db.conn.close()
+
+
+def _type_db(dbs: dict[int, TypeDb], cluster: PgCluster) -> TypeDb:
+    if cluster.port not in dbs:
+        dbs[cluster.port] = TypeDb(cluster)
+    return dbs[cluster.port]
 
 
 @pytest.fixture(scope="module")
-def db16(pg16: PgCluster) -> Iterator[TypeDb]:
-    db = TypeDb(pg16)
-    yield db
-    db.conn.close()
-
-
-@pytest.fixture(scope="module")
-def db17(pg17: PgCluster) -> Iterator[TypeDb]:
-    db = TypeDb(pg17)
-    yield db
-    db.conn.close()
-
-
-@pytest.fixture(scope="module")
-def db18(pg18: PgCluster) -> Iterator[TypeDb]:
-    db = TypeDb(pg18)
-    yield db
-    db.conn.close()
+def db15(pg15: PgCluster, type_dbs: dict[int, TypeDb]) -> TypeDb:
+    return _type_db(type_dbs, pg15)
 
 
 def _flatten(array: Any, levels: int) -> Any:
@@ -133,23 +125,15 @@ def plain_list(array: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("case", SCALARS + ARRAYS, ids=lambda c: c.id)
-def test_pg15(db15: TypeDb, case: Case) -> None:
-    check_case(db15, case)
+@pytest.mark.parametrize("server", ["pg15", "pg18"])
+def test_every_case(server: str, case: Case, type_dbs: dict[int, TypeDb], request: pytest.FixtureRequest) -> None:
+    check_case(_type_db(type_dbs, request.getfixturevalue(server)), case)
 
 
 @pytest.mark.parametrize("case", [c for c in SCALARS + ARRAYS if c.smoke], ids=lambda c: c.id)
-def test_pg16(db16: TypeDb, case: Case) -> None:
-    check_case(db16, case)
-
-
-@pytest.mark.parametrize("case", [c for c in SCALARS + ARRAYS if c.smoke], ids=lambda c: c.id)
-def test_pg17(db17: TypeDb, case: Case) -> None:
-    check_case(db17, case)
-
-
-@pytest.mark.parametrize("case", SCALARS + ARRAYS, ids=lambda c: c.id)
-def test_pg18(db18: TypeDb, case: Case) -> None:
-    check_case(db18, case)
+@pytest.mark.parametrize("server", ["pg16", "pg17"])
+def test_smoke_case(server: str, case: Case, type_dbs: dict[int, TypeDb], request: pytest.FixtureRequest) -> None:
+    check_case(_type_db(type_dbs, request.getfixturevalue(server)), case)
 
 
 def test_extra_float_digits_3_as_the_subscriber_uses(db15: TypeDb) -> None:

@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 import threading
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +62,14 @@ def prepare() -> None:
     pgserver_bindir(unpack=True)
     for major in ZONKY:
         zonky_bindir(major)
+
+
+def new_cluster(major: int, settings: Mapping[str, str] | None = None) -> PgCluster:
+    """A cluster of PostgreSQL `major`, not started: 15 Debian's, 16 the pgserver wheel's, 17
+    and 18 Zonky's builds (`settings` as `PgCluster` takes them)."""
+    if major == 15:
+        return PgCluster.debian(15, settings=settings)
+    return PgCluster(pgserver_bindir() if major == 16 else zonky_bindir(major), settings=settings)
 
 
 _database_numbers = itertools.count(1)

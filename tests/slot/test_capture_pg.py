@@ -33,7 +33,7 @@ from pgoutput_spark.slot.landing import CAPTURE_SCHEMA, LANDING_INFO_FILE, Chunk
 from pgoutput_spark.slot.settings import SESSION_SETTINGS
 from pgoutput_spark.testing.pgcluster import PgCluster
 
-from ..plugins.postgres import new_database, standby_snapshots, zonky_bindir
+from ..plugins.postgres import new_cluster, new_database, standby_snapshots, zonky_bindir
 from ..plugins.s3 import Bucket
 
 pytestmark = pytest.mark.postgres
@@ -511,9 +511,7 @@ def test_the_connection_string_never_shows_its_password(
 @pytest.mark.parametrize("major", [15, 18])  # wal_status 'lost' on 15; invalidation_reason from 17
 def test_an_invalidated_slot_is_named_with_why_and_what_to_do(major: int, tmp_path: Path) -> None:
     settings = {"max_slot_wal_keep_size": "'1MB'"}
-    cluster = PgCluster.debian(15, settings=settings) if major == 15 else PgCluster(zonky_bindir(major),
-                                                                                      settings=settings)
-    with cluster as pg:
+    with new_cluster(major, settings) as pg:
         pg.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
         landing = str(tmp_path / "landing")
         capture_slot(landing, slot="s", dsn=pg.conninfo(), publications=[PUB], create_slot=True)
@@ -552,8 +550,7 @@ def test_a_slot_left_unread_past_idle_replication_slot_timeout_is_named(tmp_path
 def test_a_standby_slot_whose_catalog_rows_the_primary_removed_is_named(major: int, tmp_path: Path) -> None:
     """A slot on a standby without hot_standby_feedback: the primary vacuums catalog rows the slot
     still needs, the standby's replay conflicts with the slot, and PostgreSQL invalidates it."""
-    primary = PgCluster.pgserver() if major == 16 else PgCluster(zonky_bindir(major))
-    with primary, primary.standby({"hot_standby_feedback": "off"}) as standby:
+    with new_cluster(major) as primary, primary.standby({"hot_standby_feedback": "off"}) as standby:
         primary.execute(f"CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUB} FOR TABLE t")
         standby.wait_replayed()
         landing = str(tmp_path / "landing")

@@ -25,7 +25,7 @@ from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.testing.pgcluster import PgCluster
 
-from ..plugins.postgres import standby_snapshots, zonky_bindir
+from ..plugins.postgres import new_cluster, standby_snapshots
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -54,8 +54,7 @@ TRAFFIC = [
 def _primary_and_standby(database: str, major: int = 16) -> Iterator[tuple[PgCluster, PgCluster, str]]:
     """A PostgreSQL `major` primary (16: the pgserver wheel's; 17, 18: Zonky's builds) with TABLES
     in a new `database`, and a hot standby that replayed them."""
-    cluster = PgCluster.pgserver() if major == 16 else PgCluster(zonky_bindir(major))
-    with cluster as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
+    with new_cluster(major) as primary, primary.standby({"hot_standby_feedback": "on"}) as standby:
         db = primary.create_database(database)
         primary.execute(TABLES, dbname=db)
         standby.wait_replayed()

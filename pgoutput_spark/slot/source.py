@@ -137,9 +137,10 @@ class SlotSource:
         """The slot, checked (created first when missing and `create`); with `failover`, a failover
         slot (PostgreSQL 17+): created so, or made so when it is not. A slot without two_phase that
         the options want with it is made so on PostgreSQL 18 and later, refused before."""
-        if failover and self.conn.info.server_version < 170000:
+        version = self.conn.info.server_version
+        if failover and version < 170000:
             raise CaptureError(f"failover slots need PostgreSQL 17 or later; the server of {self.where} is"
-                               f" PostgreSQL {self.conn.info.server_version // 10000}")
+                               f" PostgreSQL {version // 10000}")
         info = self.slot_info()
         standby = bool(self._scalar("SELECT pg_is_in_recovery()"))
         if info is None:
@@ -155,7 +156,6 @@ class SlotSource:
         if info.database != self.conn.info.dbname:
             raise CaptureError(f"{self.where} belongs to database {info.database!r}: connect to that"
                                " database")
-        version = self.conn.info.server_version
         if self.options.two_phase and not info.two_phase and version < 180000:
             raise CaptureError(f"{self.where} was created without two_phase: two_phase decoding needs a"
                                " slot created with two_phase = true (PostgreSQL 18 and later can turn it on,"

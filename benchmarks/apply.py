@@ -25,6 +25,7 @@ See benchmarks/README.md ("apply.py") for what each figure means.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
@@ -458,7 +459,7 @@ def merge_metrics(spark: Any, path: str) -> dict[str, int]:
 def delta_checks(spark: Any, root: str, checks: dict[str, str]) -> dict[str, list[int]]:
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirroring.delta import mirror_path
+    from pgoutput_spark.mirroring.names import mirror_path
 
     out = {}
     for table, column in checks.items():
@@ -473,24 +474,26 @@ def delta_checks(spark: Any, root: str, checks: dict[str, str]) -> dict[str, lis
 
 
 class PhaseClock:
-    """Times the job's steps by wrapping functions `pgoutput_spark.apply` calls (restored on exit).
+    """Times the job's steps by wrapping functions `pgoutput_spark.apply` and
+    `pgoutput_spark.mirroring.table` call (restored on exit).
 
     Spark evaluates lazily, so a step's cost shows where an action forces it: the gaps between
     the wrapped calls are phases too (see `phases`).
     """
 
-    WRAPPED = ("decode", "assemble", "_plan", "_mirror_table", "merge", "_finish")
+    WRAPPED = (("apply", "decode"), ("apply", "assemble"), ("apply", "schema_plan"), ("apply", "mirror_table"),
+               ("mirroring.table", "merge"), ("apply", "_finish"))
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, float, float]] = []  # (function, table, start, end)
-        self._saved: dict[str, Any] = {}
+        self._saved: dict[tuple[Any, str], Any] = {}
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             out = fn(*args, **kwargs)
             table = ""
-            if name == "_mirror_table":
+            if name == "mirror_table":
                 table = out.table
             elif name == "merge":
                 table = str(args[1]).rstrip("/").rsplit("/", 1)[-1]
@@ -499,19 +502,16 @@ class PhaseClock:
         return timed
 
     def __enter__(self) -> PhaseClock:
-        import pgoutput_spark.apply as job
-
-        for name in self.WRAPPED:
-            if hasattr(job, name):
-                self._saved[name] = getattr(job, name)
-                setattr(job, name, self._wrap(name, self._saved[name]))
+        for where, name in self.WRAPPED:
+            module = importlib.import_module(f"pgoutput_spark.{where}")
+            if hasattr(module, name):
+                self._saved[(module, name)] = getattr(module, name)
+                setattr(module, name, self._wrap(name, self._saved[(module, name)]))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import pgoutput_spark.apply as job
-
-        for name, fn in self._saved.items():
-            setattr(job, name, fn)
+        for (module, name), fn in self._saved.items():
+            setattr(module, name, fn)
 
     def phases(self, started: float, ended: float) -> tuple[list[tuple[str, float]], list[tuple[str, float, float]]]:
         """[(phase, seconds)] in run order, and [(table, seconds, of which MERGE)]."""
@@ -525,15 +525,15 @@ class PhaseClock:
                  ("decode every message (forced by the Relation collect), read relations", last("decode")),
                  ("assemble: driver steps", first("assemble")),
                  ("assemble: committed changes (forced by the touched-tables collect)", last("assemble")),
-                 ("schema plans, relations write", first("_plan")),
-                 ("tables: convert, pre-image, net change, MERGE (in parallel)", first("_mirror_table")),
-                 ("open transactions, counts", last("_mirror_table")),
+                 ("schema plans, relations write", first("schema_plan")),
+                 ("tables: convert, pre-image, net change, MERGE (in parallel)", first("mirror_table")),
+                 ("open transactions, counts", last("mirror_table")),
                  ("run row (hands the lease back)", first("_finish")), ("", ended)]
         known = [(label, t) for label, t in marks if t is not None]
         out = [(label, end - start) for (label, start), (_, end) in zip(known, known[1:])]
         merges = {e[1]: e[3] - e[2] for e in self.events if e[0] == "merge"}
         tables = [(e[1], e[3] - e[2], merges.get(e[1].split(".", 1)[-1], 0.0))
-                  for e in self.events if e[0] == "_mirror_table"]
+                  for e in self.events if e[0] == "mirror_table"]
         return out, sorted(tables, key=lambda t: -t[1])
 
 
@@ -604,7 +604,7 @@ def run_e2e(spark: Any, info: dict[str, Any], path: Path, out: Path, runs: int,
 
     from pgoutput_spark import read_capture
     from pgoutput_spark.apply import run_apply
-    from pgoutput_spark.mirroring.delta import mirror_path
+    from pgoutput_spark.mirroring.names import mirror_path
 
     target, warm = out / "e2e", out / "e2e-warmup"
     for folder in (target, warm):
@@ -677,7 +677,8 @@ def merge_mirror(spark: Any, base: Path, rows: int, rows_per_file: int) -> None:
     """The merge table's mirror, created as the job creates mirrors, then `rows` rows appended."""
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirroring.delta import apply_schema, mirror_path, plan_schema
+    from pgoutput_spark.mirroring.names import mirror_path
+    from pgoutput_spark.mirroring.schema import apply_schema, plan_schema
 
     partial = base.with_name(base.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -703,7 +704,7 @@ def time_merge(spark: Any, info: dict[str, Any], path: Path, base: Path, out: Pa
 
     from pgoutput_spark import read_capture
     from pgoutput_spark.apply import run_apply
-    from pgoutput_spark.mirroring.delta import mirror_path
+    from pgoutput_spark.mirroring.names import mirror_path
 
     rows = info["rows"]
     target = out / f"merge-{rows}-{variant}"

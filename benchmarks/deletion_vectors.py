@@ -6,7 +6,7 @@ Prints, with the machine it ran on: for a keyed mirror of ROWS rows created as
 the job creates mirrors (column mapping, type widening) with
 ``delta.enableDeletionVectors`` on and off, the seconds of each of MERGES
 MERGEs of 60 net rows (48 upserts, a few of them new keys, and 12 deletes)
-through the job's own `pgoutput_spark.mirroring.delta.merge`, and the mean of
+through the job's own `pgoutput_spark.mirroring.merge.merge`, and the mean of
 all but the first (warm-up). The two settings alternate, twice over, so that
 load drifts hit both.
 """
@@ -32,7 +32,7 @@ def _mirror(spark: Any, path: str, rows: int, deletion_vectors: bool) -> None:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirroring.delta import PROPERTIES
+    from pgoutput_spark.mirroring.schema import PROPERTIES
 
     builder = DeltaTable.create(spark).location(path).addColumn("id", "long").addColumn("v", "string")
     for key, value in {**PROPERTIES, "delta.enableDeletionVectors": str(deletion_vectors).lower()}.items():
@@ -45,7 +45,7 @@ def _mirror(spark: Any, path: str, rows: int, deletion_vectors: bool) -> None:
 def _merges(spark: Any, path: str, merges: int) -> list[float]:
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirroring.delta import merge
+    from pgoutput_spark.mirroring.merge import merge
     from pgoutput_spark.mirroring.net import TableSpec
 
     spec = TableSpec("keyed", ("id",), ("id", "v"))

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    import pgoutput_spark.mirroring.delta as delta
+    import pgoutput_spark.mirroring.merge as merging
     from pgoutput_spark.mirroring.history import merge_history
     from pgoutput_spark.mirroring.net import TableSpec
     from pgoutput_spark.spark.session import build_spark_session
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine.line()}; load {format_load(load_average())}")
     spark = build_spark_session(master="local[2]")
     spec = TableSpec("keyed", ("id",), ("id", "v"))
-    listed = delta.merge_listed
+    listed = merging.merge_listed
     ways = {"ours": listed, "delta": lambda *a, **k: None}
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     results: dict[str, Any] = {"machine": machine.as_dict(), "keys": args.keys, "runs": []}
@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             source = spark.createDataFrame(_run_rows(run, args.keys), f"_action string, {HISTORY}").persist()
             source.count()
             for way in (list(ways) if run % 2 else list(ways)[::-1]):  # each first in turn
-                delta.merge_listed = ways[way]
+                merging.merge_listed = ways[way]
                 started = time.perf_counter()
                 counts = merge_history(spark, f"{tmp}/{way}", source, spec, app_id="bench", version=10 + run,
                                        metadata={})
                 seconds[way].append(time.perf_counter() - started)
                 results["runs"].append({"way": way, "run": run, "seconds": seconds[way][-1], **counts})
-            delta.merge_listed = listed
+            merging.merge_listed = listed
             source.unpersist()
             print(f"run {run}: " + "  ".join(f"{way} {seconds[way][-1]:.2f} s" for way in ways), flush=True)
         rows = {way: sorted(map(tuple, spark.read.format("delta").load(f"{tmp}/{way}").collect()), key=repr)

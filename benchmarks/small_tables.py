@@ -31,7 +31,8 @@ SETTING = "spark.databricks.delta.snapshotPartitions"
 def _one_table(spark: Any, path: str) -> tuple[float, float]:
     from pyspark.sql import functions as F
 
-    from pgoutput_spark.mirroring.delta import append, merge
+    from pgoutput_spark.mirroring.delta import append
+    from pgoutput_spark.mirroring.merge import merge
     from pgoutput_spark.mirroring.net import TableSpec
 
     spec = TableSpec("keyed", ("id",), ("id", "v"))

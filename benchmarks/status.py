@@ -4,7 +4,7 @@
 
 Without ``--target``, the sample capture (``examples/sample_capture``, five
 tables) is applied into a temporary target first. Then, in one Spark session,
-alternately: `status` as it is (`mirroring.delta.row_count`: the counts from the
+alternately: `status` as it is (`mirroring.deltalog.row_count`: the counts from the
 statistics in each mirror's checksum file where Delta keeps them there) and
 `status` with every mirror counted by Spark (`spark.read...count()`, as before
 `row_count`). Prints, with the machine it ran on, the first call of each and

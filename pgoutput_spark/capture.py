@@ -90,7 +90,7 @@ class CaptureColumns:
 
 
 #: How a capture error found inside a Spark task (`_from_text`) starts, so that
-#: `spark.session.spark_failure` can tell it from Spark's own errors.
+#: `spark.failures.spark_failure` can tell it from Spark's own errors.
 TASK_CAPTURE_ERROR = "pgoutput-spark capture error: "
 
 

@@ -33,24 +33,18 @@ from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import CaptureColumns, Landed, landed_files, late_note, repeated_note, slice_end, slice_messages
 from .config import TablesConfig
 from .ledger import FORGOTTEN, saved_history
-from .mirroring.delta import (
-    absolute_path,
-    append_rows,
-    compact_files,
-    mirror_path,
-    path_table,
-    plan_schema,
-    read_listed,
-    txn_append,
-    vacuum_tables,
-)
-from .spark.assemble import (ForgottenStream, ScanState, assemble, forget_open_streams, save_open_rows,
-                             saved_open_rows, session_end_lines, status_asker, to_forget)
+from .mirroring.delta import append_rows, compact_files, txn_append, vacuum_tables
+from .mirroring.listed import read_listed
+from .mirroring.names import absolute_path, mirror_path, path_table
+from .mirroring.schema import plan_schema
+from .spark.assemble import ScanState, assemble, session_end_lines
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
 from .spark.decode import OnError, decode, quarantined
+from .spark.failures import explains_spark_failures
+from .spark.pending import (ForgottenStream, forget_open_streams, save_open_rows, saved_open_rows, status_asker,
+                            to_forget)
 from .spark.sessions import Sessions, find_sessions
 from .spark.session import (
-    explains_spark_failures,
     local_frame,
     release,
     small_run,

@@ -519,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgoutputSparkError as exc:
         return _failed(args, exc)
     except Exception as exc:  # Spark wraps errors raised inside tasks
-        from .spark.session import spark_failure
+        from .spark.failures import spark_failure
 
         recovered = spark_failure(error=exc)
         if recovered is None:

@@ -20,8 +20,11 @@ from pyspark.sql import functions as F
 from .assemble.relations import RelationHistory, versions_from_rows
 from .capture import _is_delta
 from .errors import PgoutputSparkError
-from .mirroring.delta import absolute_path, conflicting_operation, path_table, read_listed, sql_literal, update_listed
-from .spark.assemble import ScanState, saved_open_rows
+from .mirroring.listed import read_listed, update_listed
+from .mirroring.merge import conflicting_operation
+from .mirroring.names import absolute_path, path_table, sql_literal
+from .spark.assemble import ScanState
+from .spark.pending import saved_open_rows
 from .spark.session import local_frame
 
 

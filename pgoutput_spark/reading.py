@@ -17,15 +17,8 @@ from .capture import CaptureColumns, _is_delta
 from .errors import PgoutputSparkError
 from .ledger import Ledger
 from .lsn import Lsn
-from .mirroring.delta import (
-    DEFAULT_HISTORY_PATH,
-    METADATA_KEY,
-    mirror_path,
-    path_table,
-    quote,
-    recorded_commits,
-    row_count,
-)
+from .mirroring.deltalog import METADATA_KEY, recorded_commits, row_count
+from .mirroring.names import DEFAULT_HISTORY_PATH, mirror_path, path_table, quote
 from .results import utc_from_micros, utc_text
 
 

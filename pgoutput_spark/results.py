@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from .capture import Landed, late_note, repeated_note
 from .lsn import Lsn
-from .spark.assemble import ForgottenStream
+from .spark.pending import ForgottenStream
 
 
 @dataclass(frozen=True)
@@ -141,3 +145,13 @@ def utc_from_micros(micros: int | None) -> datetime | None:
 def utc_text(at: datetime) -> str:
     """A source commit's time as the runs print it: UTC to the microsecond, as PostgreSQL keeps it."""
     return f"{at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC"
+
+
+@contextmanager
+def timed(log: logging.Logger, what: str) -> Iterator[None]:
+    """Log how long one step of a run took, at level INFO (``what: 1.23 s``)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        log.info("%s: %.2f s", what, time.perf_counter() - started)

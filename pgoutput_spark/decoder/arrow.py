@@ -1,9 +1,11 @@
-"""Build Arrow arrays from the NumPy results of a `Cursor` without per-value loops."""
+"""Build Arrow arrays from the NumPy results of a `Cursor` without per-value loops; read columns
+without copies (`value_offsets`, `one_array`, `named_field`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .reader import BatchReader, ErrorCode
 
@@ -20,6 +22,18 @@ def value_offsets(array: pa.Array) -> np.ndarray:
     wide = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     return np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32, count=len(array) + 1,
                          offset=array.offset * (8 if wide else 4))
+
+
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array, without a copy when it already is one chunk."""
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks() if column.num_chunks else pa.nulls(0, column.type)
+
+
+def named_field(struct: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+    """One field of a struct column, chunk by chunk."""
+    return pc.struct_field(struct, [struct.type.get_field_index(name)])
 
 
 def mask_array(valid: np.ndarray) -> pa.Array | None:

@@ -117,7 +117,7 @@ if numba is not None:
 
         return numba.types.int64(address, width), codegen
 else:  # pragma: no cover - exercised where numba is absent
-    _peek = None  # only compiled walks read memory by address (`net.key_codes` does without them)
+    _peek = None  # only compiled walks read memory by address (`mirroring.keys.key_codes` does without them)
 
 
 def _jit(function=None, **options):

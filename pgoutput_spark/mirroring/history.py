@@ -55,10 +55,10 @@ def history_fields(timestamp: pa.DataType) -> list[pa.Field]:
 
 
 def plan_history(spark: Any, path: str, name: str, columns: list[tuple[str, pa.DataType]]) -> Any:
-    """The schema plan (`delta.plan_schema`) of the history table at ``path`` of the table ``name``
+    """The schema plan (`schema.plan_schema`) of the history table at ``path`` of the table ``name``
     whose columns are ``columns``: those, then `HISTORY_NAMES`. A type change the history cannot
     follow names the remedy: move it away (the next run starts a new one from the mirror's rows)."""
-    from .delta import plan_schema
+    from .schema import plan_schema
 
     timestamp = change_schema(columns).field("_commit_ts").type
     fields = [(f.name, f.type) for f in history_fields(timestamp)]
@@ -233,11 +233,12 @@ def history_frame(typed: Any, pre: Any, spec: TableSpec, arrow_schema: pa.Schema
 def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_id: str, version: int,
                   metadata: dict[str, Any]) -> dict[str, int]:
     """One idempotent MERGE: close the current versions of the keys of ``close`` rows, insert
-    ``version`` rows. A Delta transaction of our own (`delta.merge_listed`) where the history's
+    ``version`` rows. A Delta transaction of our own (`merge.merge_listed`) where the history's
     checksum lists its files, as a mirror's MERGE; otherwise Delta's MERGE."""
     from delta.tables import DeltaTable
 
-    from .delta import execute_merge, merge_condition, merge_listed, quote
+    from .merge import execute_merge, merge_condition, merge_listed
+    from .names import quote
 
     columns = [*spec.columns, *HISTORY_NAMES]
 
@@ -276,7 +277,7 @@ def resnapshot_history(session: Any, path: str, mirror: str, key: tuple[str, ...
     from pyspark.sql import functions as F
 
     from ..spark.session import release
-    from .delta import quote
+    from .names import quote
 
     history = session.read.format("delta").load(path)
     snapshot = session.read.format("delta").load(mirror)

@@ -19,8 +19,11 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
-from .delta import quote, read_current
-from .net import TableSpec, _field, _one_array, can_hash_keys, in_halves, joined_buckets, net_changes, out_schema
+from ..decoder import arrow as ab
+from .keys import joined_buckets
+from .listed import read_current
+from .names import quote
+from .net import TableSpec, can_hash_keys, in_halves, net_changes, out_schema
 
 
 def _key_names(spec: TableSpec) -> list[str]:
@@ -47,7 +50,7 @@ def looked_up_keys(table: pa.Table, spec: TableSpec) -> pa.Table:
     old = table.column("_old")
     carries = pc.is_valid(old)
     with_old = old.filter(carries)
-    columns = [_field(with_old, c) for c in spec.key]
+    columns = [ab.named_field(with_old, c) for c in spec.key]
     if spec.mode == "keyed":
         own = table.filter(pc.and_(pc.equal(table.column("_op"), "update"), pc.invert(carries)))
         columns = [pa.chunked_array([*a.chunks, *own.column(c).chunks], a.type) for a, c in zip(columns, spec.key)]
@@ -169,7 +172,7 @@ def halved_tasks(rows: int, spec: TableSpec, arrow_schema: pa.Schema, net_task_r
     """Tasks of a table's net change in halves (`halved_net_frame`, `by_key` with ``halves``) for
     its ``rows`` change rows: ``ceil(rows / net_task_rows)``, whatever its updates' moves between
     buckets (which `net_tasks` joins into one task). 1 (no halves: `net_tasks` decides) without
-    numba, or where no key column can be hashed alike in every task (`net.key_hashes`:
+    numba, or where no key column can be hashed alike in every task (`keys.key_hashes`:
     fixed-width and byte-string columns).
 
     Not more tasks where cores are idle: on 2 cores, `bench_wide`'s 518,400 rows in two
@@ -415,7 +418,7 @@ def by_key(rows: DataFrame, spec: TableSpec, tasks: int, moved: list[tuple[int, 
 
     A row goes by the bucket of the key it looks up (`_identity`); buckets that an update
     joins (``moved``, from `moved_buckets`) are one, so that a row's changes before and
-    after its key changed meet in one task (`net.joined_buckets`). Rows in ``halves`` join
+    after its key changed meet in one task (`keys.joined_buckets`). Rows in ``halves`` join
     no buckets: an update whose new key is in another bucket goes to both, as its old half in
     its own and its new half in the other (column `_HALF`, `net.in_halves`' rule, by Spark's
     hash).
@@ -496,7 +499,7 @@ def restore_null_arrays(table: pa.Table, flags: dict[str, tuple[str, str | None]
         return table
 
     def whole(name: str) -> pa.Array:
-        return _one_array(table.column(name))
+        return ab.one_array(table.column(name))
 
     columns = {name: whole(name) for name in {name for name, _ in flags.values()}}
     for flag, (name, field) in flags.items():  # fields of a struct first, then the struct

@@ -5,7 +5,7 @@ apply worker does; that walk is the only part of the net change that visits
 each change by itself, and in a Python loop over dicts it cost about 1.5 us
 per change (0.8 s of `bench_wide`'s 518,400 rows, a third of its net change
 after the key codes). Here it runs over integer arrays: keys are the dense
-codes `net.key_codes` gives (``0 .. n_codes - 1``), operations the `OPS`
+codes `keys.key_codes` gives (``0 .. n_codes - 1``), operations the `OPS`
 numbers, and a table's state is a few arrays indexed by code.
 
 A truncate empties the state without touching every code: each code records
@@ -21,7 +21,7 @@ The key codes themselves come from here too: `hash_words` and `hash_bytes` give
 every row a 64-bit hash of its key's values (byte strings read where Arrow keeps
 them, eight bytes at a time), `number_hashes` numbers the rows by hash, and
 `same_words` / `same_bytes` check every row against the first row of its number.
-These read memory by address and need numba; without it `net.key_codes` combines
+These read memory by address and need numba; without it `keys.key_codes` combines
 per-column codes instead.
 """
 
@@ -189,7 +189,7 @@ def keyed_walk(order, op, new_code, old_code, has_old, n_codes, slot, toast_star
     return state, last, listed[:n_listed], skipped[:n_skipped], truncated_at
 
 
-# -- key codes (`net.key_codes`): rows numbered by a hash of their values, then checked ------------
+# -- key codes (`keys.key_codes`): rows numbered by a hash of their values, then checked ------------
 
 @_jit(inline="always")
 def _mix(h, word):  # pragma: no cover - compiled

@@ -39,7 +39,7 @@ def _latest(spark: SparkSession, path: str) -> dict[str, Any] | None:
 
     if not _is_delta(spark, path):
         return None
-    from ..mirroring.delta import absolute_path, path_table
+    from ..mirroring.names import absolute_path, path_table
 
     rows = spark.sql(f"DESCRIBE HISTORY {path_table(absolute_path(path))} LIMIT 50").select(
         "userMetadata").collect()
@@ -67,7 +67,7 @@ class DeltaLanding:
     """A Delta capture table at a local path or a URI (any file system Spark writes)."""
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        from ..mirroring.delta import absolute_path
+        from ..mirroring.names import absolute_path
 
         self.spark = spark
         self.path = absolute_path(str(path)).rstrip("/")

@@ -288,16 +288,9 @@ def snapshot_tables(
     keeps the columns it keeps as text, as text. With `failover` the new slot is a failover slot
     (PostgreSQL 17+), which standbys that synchronize slots keep a copy of.
     """
-    from ..mirroring.delta import (
-        DEFAULT_HISTORY_PATH,
-        DEFAULT_TABLE_PATH,
-        apply_schema,
-        catalog_name,
-        mirror_path,
-        plan_schema,
-        register,
-    )
     from ..mirroring.history import resnapshot_history
+    from ..mirroring.names import DEFAULT_HISTORY_PATH, DEFAULT_TABLE_PATH, catalog_name, mirror_path, register
+    from ..mirroring.schema import apply_schema, plan_schema
 
     if (slot is None) == (tables is None):
         raise CaptureError("pass either slot (a new pipeline) or tables (a re-snapshot), not both")
@@ -433,7 +426,7 @@ def _record_start(spark: SparkSession, target: str, pipeline: str, tables: list[
 
 
 def snapshots_path(target: str) -> str:
-    from ..mirroring.delta import absolute_path
+    from ..mirroring.names import absolute_path
 
     return absolute_path(f"{target.rstrip('/')}/_pgoutput/snapshots")
 
@@ -447,7 +440,10 @@ def _copy_into(spark: SparkSession, reader: psycopg.Connection[Any], table: Publ
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from ..mirroring.delta import TableSpec, absolute_path, append, user_metadata
+    from ..mirroring.delta import append
+    from ..mirroring.deltalog import user_metadata
+    from ..mirroring.names import absolute_path
+    from ..mirroring.net import TableSpec
     from ..spark.files import child, delete, local_folder, upload
 
     # The text and its rows on the driver, beside a local target (its disk has room for

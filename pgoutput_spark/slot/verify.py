@@ -156,7 +156,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     mirrored, and the columns kept as text.
     """
     from ..capture import _is_delta
-    from ..mirroring.delta import DEFAULT_TABLE_PATH, mirror_path
+    from ..mirroring.names import DEFAULT_TABLE_PATH, mirror_path
     from ..reading import ChangeFeedStatus, status
 
     store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
@@ -262,7 +262,8 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     from pyspark.sql import functions as F
 
     from ..capture import _is_delta
-    from ..mirroring.delta import quote, read_current
+    from ..mirroring.listed import read_current
+    from ..mirroring.names import quote
     from ..mirroring.rows import arrays_without_nulls, restore_null_arrays
 
     if not _is_delta(spark, path):

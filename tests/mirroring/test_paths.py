@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pgoutput_spark.mirroring.delta import absolute_path, mirror_path
+from pgoutput_spark.mirroring.names import absolute_path, mirror_path
 
 
 def test_relative_paths_become_absolute_and_uris_stay_as_given(tmp_path, monkeypatch):

@@ -17,9 +17,12 @@ from pgoutput_spark import apply as job
 from pgoutput_spark.apply import ConcurrentRunError, run_apply, status
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.ledger import LEASE_SCHEMA, Ledger
-from pgoutput_spark.mirroring import delta as mirror_delta
 from pgoutput_spark.mirroring import rows as mirror_rows
-from pgoutput_spark.mirroring.delta import SchemaChangeError
+from pgoutput_spark.mirroring import table as mirror_table
+from pgoutput_spark.mirroring.delta import vacuum_files, vacuum_tables
+from pgoutput_spark.mirroring.deltalog import file_count, partition_columns, row_count
+from pgoutput_spark.mirroring.names import CatalogError, mirror_path
+from pgoutput_spark.mirroring.schema import SchemaChangeError
 from pgoutput_spark.spark import assemble as spark_assemble
 
 from ..decoder import builders as b
@@ -68,7 +71,7 @@ def _second_slice():
 
 def _mirror(spark, root, schema, table):
     return sorted(tuple(r) for r in spark.read.format("delta").load(
-        mirror_delta.mirror_path(root, schema, table)).collect())
+        mirror_path(root, schema, table)).collect())
 
 
 EXPECTED_ONE = [(2, "upsert"), (10, "x" * 3000)]
@@ -112,7 +115,7 @@ def test_two_runs_give_the_source_rows_and_a_third_changes_nothing(spark, tmp_pa
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
 
-    paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
+    paths = [mirror_path(root, "public", "one"), mirror_path(root, "Mixed Case", "t/wo")]
     before = [commits(p) for p in paths]
     assert run_apply(spark, capture, root).skipped
     assert [commits(p) for p in paths] == before
@@ -203,8 +206,8 @@ def _crash(monkeypatch, target, name, *, on_call=1):
 @pytest.mark.parametrize("stage", [
     pytest.param((job, "assemble", 1, False), id="after-decoding"),
     # New mirrors are written by appends, existing ones by MERGEs.
-    pytest.param((job, "append", 2, False), id="between-two-new-tables"),
-    pytest.param((job, "merge", 2, True), id="between-two-tables"),
+    pytest.param((mirror_table, "append", 2, False), id="between-two-new-tables"),
+    pytest.param((mirror_table, "merge", 2, True), id="between-two-tables"),
     pytest.param((job, "_finish", 1, False), id="after-merges-before-state"),
     # The open transactions' save runs beside the tables' writes: it fails while they go on.
     pytest.param((job, "_save_open_rows", 1, True), id="saving-open-transactions"),
@@ -243,16 +246,16 @@ def test_a_run_killed_between_a_tables_history_and_its_mirror_is_redone_to_the_s
     root = str(tmp_path / "target")
     run_apply(spark, _frame(spark, _first_slice()), root, tables=tables)
     capture = _frame(spark, _first_slice() + _second_slice())
-    path = mirror_delta.mirror_path(root, "public", "one", "{root}/_history/{schema}/{table}")
-    real = job.merge
+    path = mirror_path(root, "public", "one", "{root}/_history/{schema}/{table}")
+    real = mirror_table.merge
 
     def failing(session, at, *args, **kwargs):
-        if at == mirror_delta.mirror_path(root, "public", "one"):
+        if at == mirror_path(root, "public", "one"):
             raise RuntimeError("killed in merge")
         return real(session, at, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(job, "merge", failing)
+        m.setattr(mirror_table, "merge", failing)
         with pytest.raises(RuntimeError, match="killed"):
             run_apply(spark, capture, root, tables=tables, parallelism=1)
     written = commits(path)
@@ -293,13 +296,13 @@ def test_a_few_change_rows_are_looked_up_and_netted_on_the_driver(spark, tmp_pat
             ((_first_slice, _second_slice), (EXPECTED_ONE, EXPECTED_TWO)),
             ((_first_slice, _second_slice, _third_slice), ([(22, "changed")], [("dup", 7), ("dup", 8)]))]
     done = {}
-    for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):
-        monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
+    for where, limit in (("driver", mirror_table.LOCAL_NET_ROWS), ("task", 0)):
+        monkeypatch.setattr(mirror_table, "LOCAL_NET_ROWS", limit)
         root = str(tmp_path / where)
         counts = []
         for slices, expected in runs:
             caplog.clear()
-            with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+            with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
                 result = run_apply(spark, _frame(spark, [m for part in slices for m in part()]), root)
             on_driver = sorted(r.getMessage().rsplit(":", 1)[0] for r in caplog.records
                                if "on the driver" in r.getMessage())
@@ -310,7 +313,7 @@ def test_a_few_change_rows_are_looked_up_and_netted_on_the_driver(spark, tmp_pat
             counts.append([(t.table, t.inserted, t.updated, t.deleted, t.skipped, t.truncated)
                            for t in result.tables])
             if len(counts) == 1:  # new mirrors
-                files = [len(spark.read.format("delta").load(mirror_delta.mirror_path(root, *t)).inputFiles())
+                files = [len(spark.read.format("delta").load(mirror_path(root, *t)).inputFiles())
                          for t in (("public", "one"), ("Mixed Case", "t/wo"))]
                 assert files == [1, 1], files  # a few rows in one file, not one per core
                 skipped = spark.read.format("delta").load(f"{root}/_pgoutput/skipped").select("table", "seq")
@@ -509,7 +512,7 @@ def test_schema_changes_add_widen_keep_dropped_and_renamed_columns(spark, tmp_pa
     second = _txn(801, 2000, v2, b.insert(3, _t(3, 2**40, "c3", 3, "{%d}" % 2**41, "{7,8}")),
                   b.update(3, _t(1, 11, "c1", 1, "{1}", "{6}")))
     run_apply(spark, _frame(spark, first + second), root)
-    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "s`q"))
+    frame = spark.read.format("delta").load(mirror_path(root, "public", "s`q"))
     types = {f.name: f.dataType for f in frame.schema.fields}
     assert types == {"id": T.IntegerType(), "a": T.LongType(), "b": T.StringType(), "c": T.StringType(),
                      "d": T.IntegerType(), "e": T.ArrayType(T.LongType()), "f": T.ArrayType(T.LongType())}
@@ -542,7 +545,7 @@ def test_timestamp_columns_and_names_with_dots_and_backticks(spark, tmp_path):
     msgs = _txn(1, 1000, rel, b.insert(5, _t(1, 7, "2024-02-29 23:59:59.999999", "x")),
                 b.insert(5, _t(2, None, None, "y")), b.update(5, _t(2, 3, "2000-01-01 00:00:00", ...)))
     run_apply(spark, _frame(spark, msgs), root)
-    frame = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "d"))
+    frame = spark.read.format("delta").load(mirror_path(root, "public", "d"))
     assert frame.schema["ts"].dataType == T.TimestampNTZType()  # PostgreSQL `timestamp`
     import datetime as dt
 
@@ -737,13 +740,13 @@ def test_a_transaction_open_over_runs_keeps_only_two_runs_rows_in_pending(spark,
         return result
 
     r1 = run([])
-    assert mirror_delta.partition_columns(spark, pending) == ("_run_hi",)
+    assert partition_columns(spark, pending) == ("_run_hi",)
     # As a target from before pending was partitioned: the next run's save partitions it.
     spark.read.format("delta").load(pending).write.format("delta").mode("overwrite") \
         .option("overwriteSchema", "true").save(pending)
-    assert mirror_delta.partition_columns(spark, pending) == ()
+    assert partition_columns(spark, pending) == ()
     r2 = run([b.stream_start(800, False), b.insert(1, _t(3, "s2"), xid=800), b.stream_stop()])
-    assert mirror_delta.partition_columns(spark, pending) == ("_run_hi",)
+    assert partition_columns(spark, pending) == ("_run_hi",)
     before = commits(pending)
     _crash(monkeypatch, job, "_finish")
     with pytest.raises(RuntimeError, match="killed in _finish"):
@@ -769,7 +772,7 @@ def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tm
     default = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
 
     def properties(root, table="p"):
-        path = mirror_delta.mirror_path(root, "public", table)
+        path = mirror_path(root, "public", table)
         return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["properties"]
 
     run_apply(spark, _frame(spark, msgs), str(tmp_path / "plain"))
@@ -777,7 +780,7 @@ def test_mirror_properties_deletion_vectors_follow_the_session_default(spark, tm
         plain = properties(str(tmp_path / "plain"), table)
         assert plain["delta.columnMapping.mode"] == "name" and plain["delta.enableTypeWidening"] == "true"
         assert plain.get("delta.enableDeletionVectors", "false") == "false"
-        path = mirror_delta.mirror_path(str(tmp_path / "plain"), "public", table)
+        path = mirror_path(str(tmp_path / "plain"), "public", table)
         commits = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
         assert [(c["version"], c["operation"]) for c in commits] == [(0, "WRITE")]
         assert '"app_id": "default:relation:' in commits[0]["userMetadata"]
@@ -817,7 +820,7 @@ def test_mirrors_can_also_be_catalog_tables(spark, tmp_path):
         spark.sql(f"CREATE TABLE `{database}`.`public__one` (id int) USING delta "
                   f"LOCATION '{tmp_path / 'elsewhere'}'")
         other = str(tmp_path / "other")
-        with pytest.raises(mirror_delta.CatalogError, match=r"`public__one` exists at .*elsewhere"):
+        with pytest.raises(CatalogError, match=r"`public__one` exists at .*elsewhere"):
             run_apply(spark, _frame(spark, _first_slice()), other, table_name=template)
         assert not (tmp_path / "other" / "public").exists()
     finally:
@@ -841,15 +844,15 @@ def test_tables_settings_choose_tables_key_them_and_keep_columns_as_text(spark, 
     assert not (tmp_path / "target" / "public" / "one").exists()
     # Keyed by k: the second ("dup", 1) insert overwrote the first, the update changed it to 2.
     assert _mirror(spark, root, "Mixed Case", "t/wo") == [("dup", 2), ("other", 5)]
-    prices = spark.read.format("delta").load(mirror_delta.mirror_path(root, "public", "price"))
+    prices = spark.read.format("delta").load(mirror_path(root, "public", "price"))
     assert prices.schema["amount"].dataType == T.StringType()
     assert sorted(tuple(r) for r in prices.collect()) == [(1, "NaN"), (2, "1.50")]
 
     # Without the override the NaN cannot be a decimal: the run stops, naming the column.
     from pgoutput_spark.errors import TypeConversionError
 
-    for where, limit in (("driver", job.LOCAL_NET_ROWS), ("task", 0)):  # a few rows: on the driver
-        monkeypatch.setattr(job, "LOCAL_NET_ROWS", limit)
+    for where, limit in (("driver", mirror_table.LOCAL_NET_ROWS), ("task", 0)):  # a few rows: on the driver
+        monkeypatch.setattr(mirror_table, "LOCAL_NET_ROWS", limit)
         other = str(tmp_path / f"other-{where}")
         spark.catalog.clearCache()  # what other tests left: the check below is about this run's
         with pytest.raises(TypeConversionError, match=r"public\.price\.amount"):  # in a task: recovered
@@ -883,7 +886,7 @@ def test_backfill_slices_rerun_late_and_out_of_order(spark, tmp_path):
                                 f"the slice starts at seq {len(first)})")
     assert _mirror(spark, root, "public", "one") == EXPECTED_ONE
     assert _mirror(spark, root, "Mixed Case", "t/wo") == EXPECTED_TWO
-    paths = [mirror_delta.mirror_path(root, "public", "one"), mirror_delta.mirror_path(root, "Mixed Case", "t/wo")]
+    paths = [mirror_path(root, "public", "one"), mirror_path(root, "Mixed Case", "t/wo")]
     before = [commits(p) for p in paths]
     for again in ("part = 'day1'", "part = 'day2'"):
         skipped = run_apply(spark, capture, root, slice_where=again)
@@ -973,7 +976,7 @@ def test_status_lists_the_transactions_a_run_leaves_open(spark, tmp_path):
 def test_a_pre_image_stays_as_read_while_cached_and_its_mirror_is_written(spark, tmp_path):
     """The mirror's rows a run looks up (cached, and the source of its MERGE) are those of the
     version it read, after a write to the mirror too (see `saved_open_rows`' test)."""
-    from pgoutput_spark.mirroring.delta import latest_version
+    from pgoutput_spark.mirroring.deltalog import latest_version
     from pgoutput_spark.mirroring.net import TableSpec
     from pgoutput_spark.mirroring.rows import looked_up, looked_up_keys, pre_image
     from pgoutput_spark.spark.session import release
@@ -1018,15 +1021,15 @@ def test_vacuum_deletes_the_files_no_version_within_the_retention_reads(spark, t
     for _ in range(4):
         spark.sql(f"UPDATE delta.`{path}` SET id = id + 1")
     files = sorted(p.name for p in (tmp_path / "lease").glob("*.parquet"))
-    assert len(files) == 5 and mirror_delta.vacuum_files(spark, path) == 0
+    assert len(files) == 5 and vacuum_files(spark, path) == 0
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
               f"('delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
-    assert mirror_delta.vacuum_files(spark, path) == 4
+    assert vacuum_files(spark, path) == 4
     current = [f.rsplit("/", 1)[-1] for f in spark.read.format("delta").load(path).inputFiles()]
     assert sorted(p.name for p in (tmp_path / "lease").glob("*.parquet")) == current and current[0] in files
     assert [r[0] for r in spark.read.format("delta").load(path).collect()] == [4]
     with caplog.at_level(logging.WARNING, logger="pgoutput_spark.mirroring.delta"):
-        mirror_delta.vacuum_tables(spark, [str(tmp_path / "none"), path])
+        vacuum_tables(spark, [str(tmp_path / "none"), path])
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"could not vacuum {tmp_path / 'none'}"]
 
 
@@ -1035,11 +1038,10 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     a Spark job (less the rows a deletion vector removes); a count where the checksum has no
     file list (more files than Delta keeps there) or a file has no statistics. `status` lists
     each mirror with those counts. `file_count`: the files, from the checksum too."""
-    from pgoutput_spark.mirroring.delta import row_count
 
     root = str(tmp_path / "target")
     run_apply(spark, _frame(spark, _first_slice() + _second_slice()), root)
-    one = mirror_delta.mirror_path(root, "public", "one")
+    one = mirror_path(root, "public", "one")
     assert {t: n for t, (_, n) in status(spark, root).mirrors.items()} == {"public.one": 2, "Mixed Case.t/wo": 2}
 
     def counted(path, group):
@@ -1059,12 +1061,12 @@ def test_status_counts_rows_from_the_delta_log_and_counts_where_it_cannot(spark,
     spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
     rows, jobs = counted(many, "many")
     assert rows == 10 and jobs > 0
-    files, jobs = jobs_run(spark, "files", lambda: mirror_delta.file_count(spark, many))
+    files, jobs = jobs_run(spark, "files", lambda: file_count(spark, many))
     assert (files, jobs) == (len(spark.read.format("delta").load(many).inputFiles()), 0) and files == 3
     spark.sql(f"DELETE FROM delta.`{many}`")
-    assert mirror_delta.file_count(spark, many) == 0 and mirror_delta.row_count(spark, many) == 0
+    assert file_count(spark, many) == 0 and row_count(spark, many) == 0
     # A pending table without files: a run neither reads it nor looks for its oldest run's rows.
-    from pgoutput_spark.spark.assemble import _oldest_run_hi, _saved_rows
+    from pgoutput_spark.spark.pending import _oldest_run_hi, _saved_rows
 
     assert jobs_run(spark, "empty", lambda: (_saved_rows(spark, many), _oldest_run_hi(spark, many))) == \
         ((None, float("inf")), 0)

@@ -40,7 +40,8 @@ from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.lsn import Lsn
 from pgoutput_spark.mirroring import delta
-from pgoutput_spark.mirroring.delta import SchemaChangeError, mirror_path
+from pgoutput_spark.mirroring.names import mirror_path
+from pgoutput_spark.mirroring.schema import SchemaChangeError
 from pgoutput_spark.mirroring.history import HISTORY_NAMES
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.testing.capture_files import CapturedMessage, write_capture_parquet
@@ -812,12 +813,12 @@ def test_a_keyed_table_whose_keys_change_netted_in_halves_equals_the_table(spark
 
 def test_a_table_keyed_by_an_array_joins_the_buckets_its_key_changes_move_rows_between(spark, pg15, tmp_path,
                                                                                          caplog):
-    """Keys that cannot be hashed alike in every task (an array: `net.key_hashes` reads only
+    """Keys that cannot be hashed alike in every task (an array: `keys.key_hashes` reads only
     fixed-width and byte-string columns) are not netted in halves: the buckets an update moves
     a row between are joined into one task (`rows.moved_buckets`). Tasks of 40 change rows; key
     changes, a swap through a third key, deletes and updates of moved rows, in a run after the
     one that filled the mirror."""
-    with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+    with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
         _, results = _small_case(
             spark, pg15, tmp_path, "CREATE TABLE ak (id int[] PRIMARY KEY, v text)",
             ("INSERT INTO ak SELECT ARRAY[g, g % 3], 'v' FROM generate_series(1, 100) g",),
@@ -870,7 +871,7 @@ def test_a_multiset_update_of_a_row_the_mirror_never_had_is_netted_again_without
                                                           (3, 2))):
         _land(part, tmp_path, tmp_path / "landing", k)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+        with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
             result = run_apply(spark, read_capture(spark, str(tmp_path / "landing")), target, net_task_rows=20)
         (table,) = result.tables
         assert (table.tasks > 1, table.skipped) == (True, skipped)
@@ -974,7 +975,7 @@ def test_streamed_transactions_a_session_left_open_are_forgotten_on_request(spar
     the change tables of the `changes` job, which forgets them too, hold the committed changes.
     """
     from pgoutput_spark.errors import ConfigError
-    from pgoutput_spark.spark.assemble import ForgottenStream
+    from pgoutput_spark.spark.pending import ForgottenStream
 
     db, slot, streaming, d, first = _two_orphans(pg15, "apply_orphans")
     kinds = [m.data[:1] for m in first]
@@ -1051,7 +1052,7 @@ def test_runs_that_ask_postgresql_forget_the_streamed_transactions_it_reports_ab
     commits: a third session sends it (whole, or streamed again from its first segment), a run
     that asks hears PostgreSQL report it committed and keeps it to apply its commit, and the
     mirrors hold its rows, equal to PostgreSQL's tables after every run; nothing stays open."""
-    from pgoutput_spark.spark.assemble import ForgottenStream
+    from pgoutput_spark.spark.pending import ForgottenStream
 
     db, slot, streaming = _big_and_side(pg15, "apply_ask")
     dsn = pg15.conninfo(db)

@@ -241,7 +241,7 @@ def test_saved_open_rows_read_stay_as_read_while_cached_and_the_table_is_written
     """A run caches the open rows it read back, then saves into the same table: the cached frame
     keeps the rows of the version it read (Spark plans a cached frame that reads a Delta table's
     latest version again after each write to the table, Delta's file listing with it)."""
-    from pgoutput_spark.spark.assemble import saved_open_rows
+    from pgoutput_spark.spark.pending import saved_open_rows
     from pgoutput_spark.spark.session import release
 
     path = str(tmp_path / "pending")
@@ -263,7 +263,7 @@ def test_open_rows_read_back_are_read_once_and_released_with_the_rest(spark, tmp
     read back are cached instead. Where the scan finds them, the scanned messages (those rows
     with them) are cached. Either is released with the rest, or by `assemble` itself when it fails."""
     from pgoutput_spark.spark import assemble as assemble_module
-    from pgoutput_spark.spark.assemble import save_open_rows, saved_open_rows
+    from pgoutput_spark.spark.pending import save_open_rows, saved_open_rows
 
     from ..decoder import builders as b
 
@@ -306,7 +306,7 @@ def test_forgetting_a_streamed_transaction_deletes_its_saved_rows_and_only_those
     Commit Prepared always comes: not forgettable); the rows of the run that ended at 5 are not
     read again. The end-to-end case against PostgreSQL is in `test_apply_pg.py`."""
     from pgoutput_spark.errors import ConfigError
-    from pgoutput_spark.spark.assemble import ForgottenStream, forget_open_streams, open_streams, to_forget
+    from pgoutput_spark.spark.pending import ForgottenStream, forget_open_streams, open_streams, to_forget
 
     path = str(tmp_path / "pending")
     rows = [(3, "stream_start", 7, None, 10), (4, "insert", 7, None, 10), (6, "insert", 7, None, 10),
@@ -324,7 +324,7 @@ def test_forgetting_a_streamed_transaction_deletes_its_saved_rows_and_only_those
         to_forget(spark, path, None, ScanState(), (7,), redone=False)
     with pytest.raises(ConfigError, match="still inside a stream block of transaction 7 at the target's position"):
         to_forget(spark, path, 10, ScanState(None, 7), (7,), redone=False)
-    with caplog.at_level("WARNING", logger="pgoutput_spark.spark.assemble"):
+    with caplog.at_level("WARNING", logger="pgoutput_spark.spark.pending"):
         assert to_forget(spark, path, 10, ScanState(), (6,), redone=True) == ()  # a retried command
     assert "forget_xids: 6 is not open at seq 10: taken as forgotten by the interrupted run" in caplog.text
     said: list[str] = []
@@ -341,7 +341,7 @@ def test_forgetting_what_the_server_reports_aborted_asks_about_the_open_streams_
     open at the position but those named in ``forget_xids`` and the one whose stream block the
     capture is inside (13); it forgets those reported aborted and says why it keeps the others.
     Against PostgreSQL's own answers: `test_apply_pg.py`."""
-    from pgoutput_spark.spark.assemble import ForgottenStream, to_forget
+    from pgoutput_spark.spark.pending import ForgottenStream, to_forget
 
     path = str(tmp_path / "pending")
     rows = [(3, "stream_start", 7, None, 20), (4, "insert", 7, None, 20), (5, "stream_start", 11, None, 20),

@@ -342,7 +342,7 @@ def test_change_for_a_relation_never_described_fails_naming_oid_and_seq(spark, t
 
 
 def test_type_changes_widen_keep_the_wider_type_or_fail_before_anything_is_written(spark, tmp_path):
-    from pgoutput_spark.mirroring.delta import SchemaChangeError
+    from pgoutput_spark.mirroring.schema import SchemaChangeError
 
     from ..decoder import builders as b
     from .test_apply import INT4, INT8, TEXT, _frame, _t, _txn

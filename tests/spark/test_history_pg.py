@@ -15,7 +15,7 @@ from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.errors import ConfigError
 from pgoutput_spark.lsn import Lsn
-from pgoutput_spark.mirroring.delta import mirror_path
+from pgoutput_spark.mirroring.names import mirror_path
 from pgoutput_spark.reading import NotReadableError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
@@ -234,7 +234,7 @@ def test_a_history_whose_keys_change_computed_in_halves_equals_the_source_at_eve
             states.append(state())
         capture_slot(landing, slot=slot, dsn=dsn)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+        with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
             result = run_apply(spark, read_capture(spark, landing), target,
                                tables=TablesConfig(history=("public.kt",)), net_task_rows=40)
         messages = [r.getMessage() for r in caplog.records]
@@ -290,7 +290,7 @@ def test_a_history_whose_updates_miss_their_rows_is_computed_again_without_their
             states.append(twin())
         capture_slot(landing, slot=slot, dsn=dsn)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="pgoutput_spark.apply"):
+        with caplog.at_level(logging.INFO, logger="pgoutput_spark"):
             result = run_apply(spark, read_capture(spark, landing), target,
                                tables=TablesConfig(history=("public.kt",)), net_task_rows=20)
         messages = [r.getMessage() for r in caplog.records]

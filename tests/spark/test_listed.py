@@ -20,17 +20,10 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgoutput_spark.mirroring.delta import (
-    PROPERTIES,
-    _checksum_files,
-    _listed_files,
-    _snapshot_now,
-    delete_listed,
-    read_current,
-    read_listed,
-    txn_append,
-    update_listed,
-)
+from pgoutput_spark.mirroring.delta import txn_append
+from pgoutput_spark.mirroring.deltalog import checksum_files, listed_files, snapshot_now
+from pgoutput_spark.mirroring.listed import delete_listed, read_current, read_listed, update_listed
+from pgoutput_spark.mirroring.schema import PROPERTIES
 
 from ..plugins.spark import jobs_run
 from .deltalog import commits
@@ -87,12 +80,12 @@ def test_read_listed_gives_delta_s_rows_and_leaves_other_tables_to_delta(spark, 
     lost = str(tmp_path / "lost")
     _rows(spark, 0).write.format("delta").save(lost)
     _rows(spark, 3).write.format("delta").mode("append").save(lost)
-    assert _listed_files(spark, _snapshot_now(spark, lost)) is not None
+    assert listed_files(spark, snapshot_now(spark, lost)) is not None
     for crc in Path(lost, "_delta_log").glob("*.crc"):
         crc.unlink()
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # the snapshots read again, without checksums
     for other, rows in ((vectors, 6), (many, 603), (lost, 6)):
-        assert _listed_files(spark, _snapshot_now(spark, other)) is None, other
+        assert listed_files(spark, snapshot_now(spark, other)) is None, other
         assert _listed(spark, other) == _delta(spark, other) and len(_delta(spark, other)) == rows, other
 
 
@@ -107,12 +100,12 @@ def test_read_current_reads_a_mirror_s_listed_files_as_delta_s_reader_does(spark
         writer = writer.option(key, value)
     writer.save(path)
     spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `a.b c` TYPE bigint")
-    assert _checksum_files(_snapshot_now(spark, path)) is None  # a schema change's checksum: no list
+    assert checksum_files(snapshot_now(spark, path)) is None  # a schema change's checksum: no list
     assert _delta(spark, path) == sorted((tuple(r) for r in read_current(spark, path).collect()), key=repr)
     _rows(spark, 10).withColumn("part", F.lit(None).cast("long")).withColumn("a.b c", F.lit(2**40)) \
         .write.format("delta").mode("append").save(path)
     spark.sql(f"UPDATE delta.`{path}` SET v = 'changed' WHERE id IN (1, 11)")
-    assert _checksum_files(_snapshot_now(spark, path)) is not None
+    assert checksum_files(snapshot_now(spark, path)) is not None
     expected = _delta(spark, path)
     assert len(expected) == 6 and (11, "changed", None, 2**40) in expected and (1, "changed", 1, 1) in expected
     current = read_current(spark, path)
@@ -122,7 +115,7 @@ def test_read_current_reads_a_mirror_s_listed_files_as_delta_s_reader_does(spark
     _rows(spark, 20, 1).withColumn("a.b c", F.lit(7).cast("bigint")).write.format("delta").mode("append").save(path)
     listed = jobs_run(spark, "current", lambda: read_current(spark, path).collect())[1]
     _rows(spark, 30, 1).withColumn("a.b c", F.lit(7).cast("bigint")).write.format("delta").mode("append").save(path)
-    version = int(_snapshot_now(spark, path).version())
+    version = int(snapshot_now(spark, path).version())
     delta = jobs_run(spark, "delta", lambda: spark.read.format("delta").option("versionAsOf", version)
                      .load(path).collect())[1]
     assert listed < delta, (listed, delta)
@@ -137,7 +130,7 @@ def test_read_current_reads_a_mirror_s_listed_files_as_delta_s_reader_does(spark
     vectors = str(tmp_path / "dv")
     _rows(spark, 0, 10).coalesce(1).write.format("delta").option("delta.enableDeletionVectors", "true").save(vectors)
     spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id < 4")
-    assert _checksum_files(_snapshot_now(spark, vectors)) is None
+    assert checksum_files(snapshot_now(spark, vectors)) is None
     assert sorted((tuple(r) for r in read_current(spark, vectors).collect()), key=repr) == _delta(spark, vectors)
     assert len(_delta(spark, vectors)) == 6
 

@@ -18,7 +18,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pgoutput_spark.mirroring.delta import MirrorConflictError, append, merge
+from pgoutput_spark.mirroring.delta import append
+from pgoutput_spark.mirroring.merge import MirrorConflictError, merge
 from pgoutput_spark.mirroring.net import TableSpec
 
 from .gate import gate_keeper

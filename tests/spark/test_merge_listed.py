@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-import pgoutput_spark.mirroring.delta as delta
-from pgoutput_spark.mirroring.delta import append, applied_commit, merge
+import pgoutput_spark.mirroring.merge as merging
+from pgoutput_spark.mirroring import deltalog
+from pgoutput_spark.mirroring.delta import append
+from pgoutput_spark.mirroring.deltalog import applied_commit
+from pgoutput_spark.mirroring.merge import merge
 from pgoutput_spark.mirroring.net import TableSpec
 
 pytestmark = pytest.mark.spark
@@ -73,7 +76,7 @@ def _case(seed: int) -> tuple[TableSpec, list[tuple], list[tuple], bool]:
 def _recorded() -> tuple[list[Any], Any]:
     """`merge_listed` that also records what it returns (None: it left the MERGE to Delta), and
     the list it records into."""
-    listed, results = delta.merge_listed, []
+    listed, results = merging.merge_listed, []
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         results.append(listed(*args, **kwargs))
@@ -92,7 +95,7 @@ def test_merge_listed_leaves_a_mirror_as_delta_s_merge_does(spark: Any, tmp_path
     counts = {}
     for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
         _mirror(spark, path, mirror, spec)
-        monkeypatch.setattr(delta, "merge_listed", merge_listed)
+        monkeypatch.setattr(merging, "merge_listed", merge_listed)
         counts[path] = merge(spark, path, source, spec, truncated=truncated, app_id=APP_ID, version=10,
                              metadata={"to_lsn": 10})
     assert results and results[0] is not None  # our transaction merged, not Delta's command
@@ -118,7 +121,7 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
     append(path, spark.createDataFrame([(3, "c")], "id int, v string"), plain, app_id=APP_ID,
            version=2, metadata={"to_lsn": 2})
     source = spark.createDataFrame([("upsert", 1, "one")], "_action string, id int, v string")
-    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=10) is None
+    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=10) is None
     assert merge(spark, path, source, plain, truncated=False, app_id=APP_ID, version=10,
                  metadata={"to_lsn": 10}) == {"inserted": 0, "updated": 1, "deleted": 0}
     changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 3).load(path)
@@ -129,18 +132,18 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
               f"delta.enableDeletionVectors = true)")
     append(path, spark.createDataFrame([(4, "d")], "id int, v string"), plain, app_id=APP_ID,
            version=11, metadata={"to_lsn": 11})
-    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=12) is None
+    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=12) is None
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableDeletionVectors = false)")
     append(path, spark.createDataFrame([(5, "e")], "id int, v string"), plain, app_id=APP_ID,
            version=12, metadata={"to_lsn": 12})
-    assert delta.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
+    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
                               version=13) == {"inserted": 0, "updated": 1, "deleted": 0}
     # Two net rows for one key: nothing written by ours; Delta's MERGE fails as it does.
     spec = TableSpec("keyed", ("id",), COLUMNS)
     path = str(tmp_path / "twice")
     _mirror(spark, path, [(1, 1, "a", None), (2, 2, "b", None)], spec)
     twice = spark.createDataFrame([("upsert", 1, 10, "one"), ("delete", 1, None, None)], SOURCE)
-    assert delta.merge_listed(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10) is None
+    assert merging.merge_listed(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10) is None
     with pytest.raises(Exception, match="multiple source rows matched"):
         merge(spark, path, twice, spec, truncated=False, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
     assert _rows(spark, path) == [(1, 1, "a", None), (2, 2, "b", None)]
@@ -150,7 +153,7 @@ def test_merge_listed_rewrites_the_small_files_of_a_mirror_of_many(spark: Any, t
                                                                    monkeypatch: Any) -> None:
     # Runs add a file or two each; a mirror past MERGE_MAX_FILES files has its small ones rewritten
     # with its next MERGE, so that it stays a table the checksum lists (here: past 3 files).
-    monkeypatch.setattr(delta, "MERGE_MAX_FILES", 3)
+    monkeypatch.setattr(merging, "MERGE_MAX_FILES", 3)
     spec = TableSpec("keyed", ("id",), ("id", "v"))
     path = str(tmp_path / "many")
     for version in range(1, 6):
@@ -162,8 +165,8 @@ def test_merge_listed_rewrites_the_small_files_of_a_mirror_of_many(spark: Any, t
     assert _rows(spark, path) == [(1, "v1"), (2, "two"), (3, "v3"), (4, "v4"), (5, "v5"), (9, "nine")]
     metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()["operationMetrics"]
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("5", "4")
-    snapshot = delta._snapshot_now(spark, path)
-    assert len(delta._checksum_files(snapshot)) <= 3
+    snapshot = deltalog.snapshot_now(spark, path)
+    assert len(deltalog.checksum_files(snapshot)) <= 3
 
 
 #: A history's table: the key, a column of odd characters, then the history's own columns.
@@ -212,7 +215,7 @@ def test_merge_listed_closes_and_inserts_a_history_s_versions_as_delta_s_merge_d
         for version, rows in enumerate((versions[:half], versions[half:]), start=1):
             append(path, spark.createDataFrame(rows, HISTORY), whole, app_id=APP_ID, version=version,
                    metadata={"to_lsn": version}, create=version == 1)
-        monkeypatch.setattr(delta, "merge_listed", merge_listed)
+        monkeypatch.setattr(merging, "merge_listed", merge_listed)
         counts[path] = merge_history(spark, path, source, spec, app_id=APP_ID, version=10, metadata={"to_lsn": 10})
     assert results and results[0] is not None  # our transaction merged, not Delta's command
     assert _rows(spark, ours) == _rows(spark, theirs)

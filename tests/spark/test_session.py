@@ -165,7 +165,7 @@ TASK_OOM = ("An error occurred while calling o1007.collectToPython.\n: org.apach
 
 
 def test_a_task_out_of_memory_names_the_heap_and_the_remedies(spark):
-    from pgoutput_spark.spark.session import spark_failure, task_out_of_memory
+    from pgoutput_spark.spark.failures import spark_failure, task_out_of_memory
 
     local = spark_failure(spark, error=Exception(TASK_OOM))  # the test session: local, alive
     assert local is not None and str(local).startswith(

@@ -12,7 +12,7 @@ from pgoutput_spark.apply import run_apply
 from pgoutput_spark.changefeed import RUNS_SCHEMA as FEED_RUNS
 from pgoutput_spark.cli import main
 from pgoutput_spark.errors import ConfigError
-from pgoutput_spark.mirroring.delta import SchemaChangeError
+from pgoutput_spark.mirroring.schema import SchemaChangeError
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors

@@ -1,0 +1,271 @@
+"""Delta's log through the driver's JVM: a table's snapshot now, what its checksum file lists
+(files, transaction identifiers, row counts), the pieces of a Delta transaction of our own
+(`merge.merge_listed`, `listed`, `delta.txn_append`), and what the pipeline's commits record.
+
+Delta 4.0 writes a checksum file beside each commit, listing a table's files (up to 50) with
+their statistics and its transaction identifiers: read from there, a table's files, rows and
+last applied version cost no Spark job, where Delta's own commands reconstruct the table's
+state in three.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..spark.jvm import jvm_class
+from ..version import __version__
+from .names import path_table
+
+#: Delta's package in the JVM.
+DELTA = "org.apache.spark.sql.delta"
+_PYTHON_UTILS = "org.apache.spark.api.python.PythonUtils"
+
+
+#: The commit-metadata key under which a run records what it applied.
+METADATA_KEY = "pgoutput_spark"
+
+
+def user_metadata(metadata: dict[str, Any], app_id: str) -> str:
+    """A mirror commit's ``userMetadata``: ``metadata`` and ``app_id`` under `METADATA_KEY`, with
+    the version of pgoutput-spark that wrote it (``version``)."""
+    return json.dumps({METADATA_KEY: {**metadata, "app_id": app_id, "version": __version__}}, sort_keys=True)
+
+
+def scala_list(items: Any) -> list[Any]:
+    """A Scala collection's items."""
+    out, found = [], items.iterator()
+    while found.hasNext():
+        out.append(found.next())
+    return out
+
+
+def register_metrics(session: SparkSession, jvm: Any, txn: Any, operation_metrics: Any,
+                      counts: dict[str, int]) -> None:
+    """Register ``counts`` with the transaction ``txn`` as its operation's metrics, and as 0 every
+    other metric ``operation_metrics`` names (Delta's set of the operation's metric names, or
+    None): the metrics its commit records (``DESCRIBE HISTORY``'s ``operationMetrics``)."""
+    metrics = jvm_class(jvm, "java.util.HashMap")()
+    named = [] if operation_metrics is None else [str(n) for n in scala_list(operation_metrics)]
+    for name in [*named, *counts]:
+        metric = jvm_class(jvm, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric(
+            session.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
+        metric.set(counts.get(name, 0))
+        metrics.put(name, metric)
+    txn.registerSQLMetrics(session._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))  # type: ignore[attr-defined]
+
+
+def set_transaction(jvm: Any, entry: Any, app_id: str, version: int) -> Any:
+    """Delta's ``SetTransaction`` action (``entry``: its class) of ``app_id`` at ``version``,
+    stamped now as Delta's writer stamps it: milliseconds since the epoch, past 2**31, which py4j
+    hands the JVM as a Long, as ``Option[Long]`` holds."""
+    return entry(app_id, version, jvm_class(jvm, "scala.Option").apply(int(time.time() * 1000)))
+
+
+def checksum_txn_version(snapshot: Any, app_id: str) -> int | None:
+    """The last version committed under ``app_id`` as the snapshot's checksum file records it
+    (-1: none); None where the checksum does not hold the table's transaction identifiers."""
+    checksum = snapshot.checksumOpt()
+    if not checksum.isDefined() or not checksum.get().setTransactions().isDefined():
+        return None
+    found = -1
+    entries = checksum.get().setTransactions().get().iterator()
+    while entries.hasNext():
+        entry = entries.next()
+        if entry.appId() == app_id:
+            found = max(found, int(entry.version()))
+    return found
+
+
+def partition_columns(spark: SparkSession, path: str) -> tuple[str, ...]:
+    """The partition columns of the Delta table at ``path`` now (no Spark job)."""
+    columns = snapshot_now(spark, path).metadata().partitionColumns()
+    return tuple(str(columns.apply(i)) for i in range(columns.size()))
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    """The version of the Delta table at ``path`` as the session's Delta log holds it now (brought
+    up to date; no Spark job)."""
+    return int(snapshot_now(spark, path).version())
+
+
+def snapshot_now(spark: SparkSession, path: str) -> Any:
+    """Delta's snapshot of the table at ``path``, brought up to date (no Spark job)."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    log = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    none = jvm_class(jvm, "scala.Option").empty()
+    return log.update(False, none, none)
+
+
+def file_count(spark: SparkSession, path: str) -> int | None:
+    """The files of the Delta table at ``path`` now, from its version's checksum file (no Spark
+    job); None without one (Delta writes one beside each commit unless told not to)."""
+    checksum = snapshot_now(spark, path).checksumOpt()
+    return int(checksum.get().numFiles()) if checksum.isDefined() else None
+
+
+def row_count(spark: SparkSession, path: str) -> int:
+    """The rows of the Delta table at ``path`` now.
+
+    Delta writes a checksum file beside each commit, and with it, for a table of up to
+    ``spark.databricks.delta.allFilesInCrc.thresholdNumFiles`` files (50 by default), every
+    file's statistics: the rows come from those (each file's record count less the rows its
+    deletion vector removes, as Delta counts them), without a Spark job. A mirror of a few
+    thousand rows costs a Spark count about 75 ms of planning and jobs on 2 cores, and
+    ``status`` counts every mirror. Without such a checksum (more files, statistics not
+    collected, another writer), a count of that version.
+    """
+    snapshot = snapshot_now(spark, path)
+    checksum = snapshot.checksumOpt()
+    files = checksum.get().allFiles() if checksum.isDefined() else None
+    if files is not None and files.isDefined():
+        total = 0
+        added = files.get().iterator()
+        while added.hasNext():
+            records = added.next().numLogicalRecords()
+            if records.isEmpty():  # a file written without statistics
+                break
+            total += int(records.get())
+        else:
+            return total
+    return spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path).count()
+
+
+def files_of(spark: SparkSession, jvm: Any, snapshot: Any, files: list[Any]) -> DataFrame:
+    """The rows of ``files`` (``AddFile`` actions of the snapshot's table) as Delta's reader reads
+    them (``DeltaLog.createDataFrame``: no state reconstruction, no data skipping), the table's
+    columns by its schema."""
+    none = jvm_class(jvm, "scala.Option").empty()
+    return DataFrame(snapshot.deltaLog().createDataFrame(snapshot, scala_seq(jvm, files), False, none), spark)
+
+
+def scala_seq(jvm: Any, items: list[Any]) -> Any:
+    """A Scala ``Seq`` of JVM objects."""
+    out = jvm_class(jvm, "java.util.ArrayList")()
+    for item in items:
+        out.add(item)
+    return jvm_class(jvm, _PYTHON_UTILS).toSeq(out)
+
+
+class active:
+    """``with active(spark) as jvm``: ``spark`` the JVM thread's active session meanwhile (Delta's
+    transactions take it from there, as under its writer), the one before put back after."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        self.sessions = jvm_class(self.jvm, "org.apache.spark.sql.SparkSession")
+
+    def __enter__(self) -> Any:
+        self.before = self.sessions.getActiveSession()
+        self.sessions.setActiveSession(self.spark._jsparkSession)  # type: ignore[attr-defined]
+        return self.jvm
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before.isDefined():
+            self.sessions.setActiveSession(self.before.get())
+        else:
+            self.sessions.clearActiveSession()
+
+
+#: Characters that make Spark's file reader take a path as a glob pattern.
+_GLOB = re.compile(r"[{}\[\]*?\\]")
+#: Partition column types whose values (Delta's strings) Spark casts back as Delta wrote them.
+_PARTITION_TYPES = ("string", "integer", "long", "short", "byte", "boolean", "date")
+
+
+def listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
+    """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where
+    Delta's reader is needed (see `read_listed`; also a partition column of another type than
+    `_PARTITION_TYPES`, or a path Spark would take as a glob)."""
+    if snapshot.protocol().minReaderVersion() != 1:
+        return None
+    metadata = snapshot.metadata()
+    if str(metadata.format().provider()).lower() != "parquet":
+        return None
+    fields = {f["name"]: f["type"] for f in json.loads(metadata.schema().json())["fields"]}
+    if any(fields.get(name) not in _PARTITION_TYPES for name in partition_names(metadata)):
+        return None
+    files = checksum_files(snapshot)
+    if files is None:
+        return None
+    root, operations = snapshot.deltaLog().dataPath().toString(), file_operations(spark)
+    if any(_GLOB.search(file_location(operations, root, added)) for added in files):
+        return None
+    return files
+
+
+def checksum_files(snapshot: Any) -> list[Any] | None:
+    """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where it
+    does not, or one of them has a deletion vector."""
+    checksum = snapshot.checksumOpt()
+    listed = checksum.get().allFiles() if checksum.isDefined() else None
+    if listed is None or not listed.isDefined():
+        return None
+    files = scala_list(listed.get())
+    return None if any(added.deletionVector() is not None for added in files) else files
+
+
+def partition_names(metadata: Any) -> list[str]:
+    columns = metadata.partitionColumns()
+    return [str(columns.apply(i)) for i in range(columns.size())]
+
+
+def partition_values(added: Any, names: list[str]) -> dict[str, str | None]:
+    """An ``AddFile``'s partition values (Delta's strings; None for null) by column."""
+    values = added.partitionValues()
+    return {name: (values.get(name).get() if values.get(name).isDefined() else None) for name in names}
+
+
+def file_operations(spark: SparkSession) -> Any:
+    """Delta's ``DeltaFileOperations`` (for `file_location`), looked up once for a table's files."""
+    return jvm_class(spark.sparkContext._jvm, f"{DELTA}.util.DeltaFileOperations")  # type: ignore[attr-defined]
+
+
+def file_location(operations: Any, root: str, added: Any) -> str:
+    """An ``AddFile``'s file, as Delta resolves its (relative, URI-encoded) path."""
+    return str(operations.absolutePath(root, added.path()).toString())
+
+
+def recorded_commits(spark: SparkSession, path: str, pipeline: str) -> list[tuple[int, int]]:
+    """(Delta version, to_lsn) of the commits of ``pipeline`` that record what they applied, oldest first."""
+    out = []
+    for row in spark.sql(f"DESCRIBE HISTORY {path_table(path)}").select("version", "userMetadata").collect():
+        try:
+            meta = json.loads(row["userMetadata"] or "{}").get(METADATA_KEY) or {}
+        except ValueError:
+            continue
+        if meta.get("pipeline", pipeline) == pipeline and meta.get("to_lsn") is not None:
+            out.append((row["version"], int(meta["to_lsn"])))
+    return sorted(out)
+
+
+def applied_commit(spark: SparkSession, path: str, app_id: str, version: int) -> dict[str, int] | None:
+    """Counts of this pipeline's MERGE at ``version`` if the mirror already has it (a redone run)."""
+    from ..capture import _is_delta
+
+    if not _is_delta(spark, path):
+        return None
+    history = spark.sql(f"DESCRIBE HISTORY {path_table(path)} LIMIT 20").select(
+        "operation", "userMetadata", "operationMetrics").collect()
+    for commit in history:
+        if commit["operation"] not in ("MERGE", "WRITE") or not commit["userMetadata"]:
+            continue
+        try:
+            meta = json.loads(commit["userMetadata"]).get(METADATA_KEY, {})
+        except ValueError:
+            continue
+        if meta.get("app_id") == app_id and meta.get("to_lsn", -1) >= version:
+            m = commit["operationMetrics"] or {}
+            if meta.get("snapshot"):  # a re-snapshot since: the run's changes are in its rows
+                return {"inserted": 0, "updated": 0, "deleted": 0}
+            if commit["operation"] == "WRITE":  # an append (see `append`)
+                return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
+            return {"inserted": int(m.get("numTargetRowsInserted", 0)),
+                    "updated": int(m.get("numTargetRowsUpdated", 0)),
+                    "deleted": int(m.get("numTargetRowsDeleted", 0))}
+    return None

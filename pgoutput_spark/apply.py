@@ -73,6 +73,7 @@ from .spark.sessions import Sessions, find_sessions
 from .spark.session import (
     copy_session,
     local_frame,
+    one_row,
     release,
     small_run,
     temporary_conf,
@@ -203,6 +204,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     counts = None  # (rows, messages) of the slice, where finding its end counted them
     note = None
     remaining = False  # max_messages ends this run before the capture (or its slice) ends
+    hi: int | None  # the slice's last seq
     if redone:  # the previous run died: redo exactly its slice
         assert lease.hi is not None
         hi = lease.hi
@@ -217,7 +219,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
                 newer = newer.where(F.col("seq") <= end)
             bounded = None  # the run's end by max_messages, where it ends the run before its slice
             if max_messages is not None:
-                first = newer.agg(F.min("seq")).first()[0]
+                first = one_row(newer.agg(F.min("seq")))[0]
                 if first is not None and (end is None or first + max_messages - 1 < end):
                     bounded = first + max_messages - 1
                     newer = newer.where(F.col("seq") <= bounded)
@@ -287,11 +289,11 @@ def _slice_end(capture: DataFrame, canonical: DataFrame, columns: CaptureColumns
     ends: list[int] = [] if until_seq is None else [until_seq]
     start = None
     if until_lsn is not None:
-        row = canonical.where(F.col("lsn") <= until_lsn).agg(F.max("seq")).first()
+        row = one_row(canonical.where(F.col("lsn") <= until_lsn).agg(F.max("seq")))
         ends.append(row[0] if row[0] is not None else -1)
     if slice_where is not None:
         try:
-            row = capture.where(F.expr(slice_where)).agg(F.max(columns.seq), F.min(columns.seq)).first()
+            row = one_row(capture.where(F.expr(slice_where)).agg(F.max(columns.seq), F.min(columns.seq)))
         except AnalysisException as exc:  # ParseException too; a failed job is not the predicate's fault
             raise ConfigError(f"--slice-where {slice_where!r} is not a predicate on the capture's columns "
                               f"({', '.join(capture.columns)}): {str(exc).splitlines()[0]}") from exc
@@ -350,8 +352,8 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
                 if r["first"] is not None:
                     first_seq[oid] = min(first_seq.get(oid, r["first"]), r["first"])
             relations = sorted(kinds)
-            span = committed.agg(F.min("commit_lsn"), F.max("commit_lsn"), F.countDistinct("commit_seq"),
-                                 F.unix_micros(F.max_by("commit_ts", "commit_lsn"))).first()
+            span = one_row(committed.agg(F.min("commit_lsn"), F.max("commit_lsn"), F.countDistinct("commit_seq"),
+                                         F.unix_micros(F.max_by("commit_ts", "commit_lsn"))))
         from_lsn, to_lsn, transactions = span[0], span[1], span[2]
         to_commit_ts = utc_from_micros(span[3])
         say(f"decoded {n_messages} messages; assembled {transactions} committed transactions "

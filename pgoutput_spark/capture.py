@@ -167,7 +167,9 @@ def slice_end(newer: DataFrame) -> tuple[int | None, tuple[int, int]]:
     job: a run's slice then reads the seqs up to that end, which are exactly ``newer``'s rows."""
     from pyspark.sql import functions as F
 
-    hi, rows, messages = newer.agg(F.max("seq"), F.count(F.lit(1)), F.count_distinct("seq")).first()
+    from .spark.session import one_row
+
+    hi, rows, messages = one_row(newer.agg(F.max("seq"), F.count(F.lit(1)), F.count_distinct("seq")))
     return hi, (rows, messages)
 
 
@@ -195,15 +197,18 @@ def check_seqs_follow(window: DataFrame, lo: int | None, hi: int, messages: int,
     ends the error."""
     from pyspark.sql import functions as F
 
+    from .spark.session import one_row
+
     start = 0 if lo is None else lo + 1
     expected = hi - start + 1
     if messages >= expected:
         return
     present = window.select("seq").distinct()
     ends = present.join(present.select((F.col("seq") - 1).alias("seq")), "seq", "left_anti")
-    lowest, before_gap = window.agg(F.min("seq")).first()[0], ends.where(F.col("seq") < hi).agg(F.min("seq")).first()[0]
+    lowest = one_row(window.agg(F.min("seq")))[0]
+    before_gap = one_row(ends.where(F.col("seq") < hi).agg(F.min("seq")))[0]
     first = start if lowest is None or lowest > start else before_gap + 1
-    after = window.where(F.col("seq") > first).agg(F.min("seq")).first()[0]
+    after = one_row(window.where(F.col("seq") > first).agg(F.min("seq")))[0]
     last = hi if after is None else after - 1  # None: every seq from there on (a redone slice's end)
     gap = f"seq {first}" if last == first else f"seqs {first} to {last}"
     raise CaptureError(

@@ -46,6 +46,7 @@ from .spark.pending import (ForgottenStream, forget_open_streams, save_open_rows
 from .spark.sessions import Sessions, find_sessions
 from .spark.session import (
     local_frame,
+    one_row,
     release,
     small_run,
     warm_python_workers,
@@ -126,9 +127,9 @@ class _State:
         row = F.struct("lo", "hi", "begin_seq", "stream_xid", "messages", "session")
         finished, started = F.col("status") == "finished", F.col("status") == "started"
         seen = F.when(finished, F.col("new_files"))
-        last, interrupted, files, recorded = frame.agg(
+        last, interrupted, files, recorded = one_row(frame.agg(
             F.max_by(row, F.when(finished, F.col("at"))), F.max_by(row, F.when(started, F.col("at"))),
-            F.array_distinct(F.flatten(F.collect_list(seen))), F.count(seen)).first()
+            F.array_distinct(F.flatten(F.collect_list(seen))), F.count(seen)))
         return last, interrupted, set(files) if recorded else None
 
     def slices(self) -> list[tuple[int, int, int]]:
@@ -215,7 +216,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     else:
         newer = canonical if lo is None else canonical.where(F.col("seq") > lo)
         if max_messages is not None:
-            first = newer.agg(F.min("seq")).first()[0]
+            first = one_row(newer.agg(F.min("seq")))[0]
             if first is not None:
                 newer = newer.where(F.col("seq") <= first + max_messages - 1)
         hi, counts = slice_end(newer)

@@ -240,7 +240,7 @@ def _spark(config: Config, master: str | None = None) -> Any:
     from .spark.session import build_spark_session
 
     spark = build_spark_session(master=master or config.spark.master, conf=config.spark.conf)
-    if spark.sparkContext.master.startswith("local"):
+    if (spark.sparkContext.master or "").startswith("local"):
         jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
         configurator = jvm_class(jvm, "org.apache.logging.log4j.core.config.Configurator")
         off = jvm_class(jvm, "org.apache.logging.log4j.Level").OFF

@@ -149,8 +149,8 @@ class TablesConfig:
         for table in (*self.keys, *self.types):
             if "." not in table:
                 raise ConfigError(f"{source}: tables.keys / tables.types: {table!r} must be schema.table")
-        for table, columns in self.types.items():
-            for column, override in columns.items():
+        for table, overrides in self.types.items():
+            for column, override in overrides.items():
                 type_override(override, f"{source}: tables.types.{table}.{column}")
 
 

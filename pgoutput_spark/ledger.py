@@ -257,7 +257,8 @@ def saved_history(spark: SparkSession, path: str) -> RelationHistory:
         return history
     rows = read_listed(spark, path).collect()
     history.add(versions_from_rows(rows))
-    kept = [v.seq for versions in (*history.relations.values(), *history.types.values()) for v in versions]
+    kept = ([v.seq for versions in history.relations.values() for v in versions]
+            + [t.seq for types in history.types.values() for t in types])
     if len(rows) - len(kept) >= REPEATS_REWRITTEN:
         table = spark.read.format("delta").load(path)
         table.where(F.col("seq").isin(kept)).dropDuplicates(["seq"]).write.format("delta").mode("overwrite").save(path)

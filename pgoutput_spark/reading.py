@@ -20,6 +20,7 @@ from .lsn import Lsn
 from .mirroring.deltalog import METADATA_KEY, recorded_commits, row_count
 from .mirroring.names import DEFAULT_HISTORY_PATH, mirror_path, path_table, quote
 from .results import utc_from_micros, utc_text
+from .spark.session import one_row
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,8 @@ def _change_feed_status(spark: SparkSession, runs_path: str, last: int | None) -
     """`ChangeFeedStatus` from a change feed's runs table (two rows a run: started, finished)."""
     frame = spark.read.format("delta").load(runs_path)
     finished, started = F.col("status") == "finished", F.col("status") == "started"
-    row = frame.agg(F.count(F.when(finished, 1)), F.max_by("hi", F.when(finished, F.col("at"))),
-                    F.max(F.when(finished, F.col("at"))), F.max(F.when(started, F.col("at")))).first()
+    row = one_row(frame.agg(F.count(F.when(finished, 1)), F.max_by("hi", F.when(finished, F.col("at"))),
+                            F.max(F.when(finished, F.col("at"))), F.max(F.when(started, F.col("at")))))
     count, position, done_at, started_at = row
     rows = frame.where(finished).orderBy("at")
     if last is not None:
@@ -184,7 +185,7 @@ def status(spark: SparkSession, target: str, pipeline: str = "default", *, last:
         seq = (columns or CaptureColumns()).select(capture).select("seq")
         if state.position is not None:
             seq = seq.where(F.col("seq") > state.position)
-        row = seq.agg(F.count_distinct("seq"), F.max("seq")).first()
+        row = one_row(seq.agg(F.count_distinct("seq"), F.max("seq")))
         state = dataclasses.replace(state, landed_after=row[0], landed_to_seq=row[1])
     return state
 
@@ -198,8 +199,8 @@ def _commit_time(spark: SparkSession, target: str, pipeline: str, lsn: int) -> d
     finished = spark.read.format("delta").load(runs)
     if "to_commit_ts" not in finished.columns:
         return None
-    micros = finished.where((F.col("pipeline") == pipeline) & (F.col("to_lsn") == lsn)).agg(
-        F.max(F.unix_micros("to_commit_ts"))).first()[0]
+    micros = one_row(finished.where((F.col("pipeline") == pipeline) & (F.col("to_lsn") == lsn)).agg(
+        F.max(F.unix_micros("to_commit_ts"))))[0]
     return utc_from_micros(micros)
 
 
@@ -351,8 +352,8 @@ def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | st
     if as_of_lsn is None:
         return frame
     at = _applied_at(table, as_of_lsn, _status(spark, target, pipeline, count=False, runs=0).read_point)
-    first, seeded = frame.agg(F.min("_valid_from_lsn"),
-                              F.min(F.when(F.col("_version_seq").isNull(), F.col("_valid_from_lsn")))).first()
+    first, seeded = one_row(frame.agg(F.min("_valid_from_lsn"),
+                                      F.min(F.when(F.col("_version_seq").isNull(), F.col("_valid_from_lsn")))))
     if seeded is not None and seeded == first and at < first:
         raise NotReadableError(f"the history of {table} starts at {Lsn(first)} with its mirror's rows then, after "
                                f"{Lsn(at)}: it can be read as of {Lsn(first)} or later")

@@ -23,7 +23,7 @@ from .results import TableResult
 from .spark.assemble import ScanState, assemble
 from .spark.changes import CHANGE_ROW_COLUMNS
 from .spark.decode import OnError, decode
-from .spark.session import release
+from .spark.session import one_row, release
 from .spark.sessions import find_sessions
 
 
@@ -71,7 +71,7 @@ class Rebuild:
         if lo is None:
             return
         read = sum(messages or 0 for _, hi, messages in ledger.slices() if hi <= lo)
-        held, first = self.capture.where(F.col("seq") <= lo).agg(F.count_distinct("seq"), F.min("seq")).first()
+        held, first = one_row(self.capture.where(F.col("seq") <= lo).agg(F.count_distinct("seq"), F.min("seq")))
         if held >= read:
             return
         starts = "nothing" if first is None else f"seq {first} onwards"
@@ -95,7 +95,7 @@ class Rebuild:
         committed = assembled.committed.select(*CHANGE_ROW_COLUMNS).persist()
         out = []
         try:
-            to_lsn = committed.agg(F.max("commit_lsn")).first()[0]
+            to_lsn = one_row(committed.agg(F.max("commit_lsn")))[0]
             for oid, plan in plans.items():
                 latest = history.latest(oid)
                 name = f"{latest.namespace}.{latest.name}"

@@ -12,7 +12,7 @@ kernel of `kernel` instead where numba is installed; their NumPy walk
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -118,7 +118,7 @@ class _Values:
 
     def __init__(self, cur: Cursor) -> None:
         self.cur = cur
-        self.raw: dict[str, tuple[str, object]] = {}
+        self.raw: dict[str, tuple[str, Any]] = {}  # (kind, NumPy array, or (start, length) of strings)
 
     def read(self, layout: tuple[tuple[str, str], ...]) -> None:
         cur = self.cur
@@ -146,7 +146,7 @@ class _Values:
         strings = {}
         for name, (kind, value) in self.raw.items():
             if kind == "str":
-                start, length = value  # type: ignore[misc]
+                start, length = value
                 strings[name] = ab.string_array(cur.r, cur.rows, start, length, cur.ok,
                                                 f"{cur.name}.{name}")
         ok = cur.ok
@@ -264,7 +264,7 @@ def _message(cur: Cursor) -> pa.StructArray:
     flags = values.raw["flags"][1]
     content = ab.binary_array(cur.r, start, length, cur.ok)
     return values.struct(sc.MESSAGE, {
-        "transactional": pa.array((flags & MESSAGE_FLAG_TRANSACTIONAL) != 0),  # type: ignore[operator]
+        "transactional": pa.array((flags & MESSAGE_FLAG_TRANSACTIONAL) != 0),
         "content": content,
     })
 
@@ -290,8 +290,8 @@ def _truncate(cur: Cursor) -> pa.StructArray:
     keep = np.repeat(ok, counts)
     options = values.raw["options"][1]
     return values.struct(sc.TRUNCATE, {
-        "cascade": pa.array((options & TruncateOption.CASCADE) != 0),  # type: ignore[operator]
-        "restart_identity": pa.array((options & TruncateOption.RESTART_IDENTITY) != 0),  # type: ignore[operator]
+        "cascade": pa.array((options & TruncateOption.CASCADE) != 0),
+        "restart_identity": pa.array((options & TruncateOption.RESTART_IDENTITY) != 0),
         "relation_ids": ab.list_array(counts, ok, pa.array(oids[keep]), sc.OID),
     })
 
@@ -417,6 +417,7 @@ def decode_batch(
     """
     if isinstance(data, pa.ChunkedArray):
         data = data.combine_chunks()
+    offset_type: type[np.signedinteger[Any]]
     if pa.types.is_large_binary(data.type):
         offset_type = np.int64
     elif pa.types.is_binary(data.type):

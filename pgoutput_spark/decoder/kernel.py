@@ -36,7 +36,7 @@ try:  # numba is a dependency, but a cluster may lack it: the NumPy walk then ru
     from numba.core import cgutils
     from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
+    numba = None  # type: ignore[assignment]
 
 _ENV = "PGOUTPUT_SPARK_DECODER"
 

@@ -79,9 +79,9 @@ def txn_append(frame: DataFrame, path: str, app_id: str, version: int, *, new_ta
     write creates the table, with `PROPERTIES`. ``replace_where``: the same commit deletes the
     rows matching this predicate (which ``frame``'s rows must match too: Delta's ``replaceWhere``).
     ``partition_by``: the table's partition columns, for a write that creates it (an existing
-    table keeps its own: see `partition_columns`). ``replaced``: ``replace_where`` as a test of a
+    table keeps its own: see `deltalog.partition_columns`). ``replaced``: ``replace_where`` as a test of a
     file's partition values (Delta's strings) where it is a predicate on partition columns only;
-    with it, a table `read_listed` reads as its checksum's files has those files removed by the
+    with it, a table `listed.read_listed` reads as its checksum's files has those files removed by the
     checked append's transaction (`_append_checked_by_checksum`)."""
     if not new_table and (replace_where is None or replaced is not None) and \
             _append_checked_by_checksum(frame, path, app_id, version, replace_where, replaced):
@@ -184,7 +184,7 @@ def txn_replace(frame: DataFrame, path: str, app_id: str, version: int, *,
 #: may hold before a run compacts it: each run appends a file, and every read lists and opens
 #: them all (``status`` over a ``_runs`` of 3,000 files: about 7 s, compacted: 0.6 s;
 #: `benchmarks/ledger_growth.py`). 50 is also where Delta stops keeping a table's file list in
-#: its checksum (`row_count`).
+#: its checksum (`deltalog.row_count`).
 LEDGER_MAX_FILES = 50
 
 

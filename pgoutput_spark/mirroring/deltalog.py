@@ -180,7 +180,7 @@ _PARTITION_TYPES = ("string", "integer", "long", "short", "byte", "boolean", "da
 
 def listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
     """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where
-    Delta's reader is needed (see `read_listed`; also a partition column of another type than
+    Delta's reader is needed (see `listed.read_listed`; also a partition column of another type than
     `_PARTITION_TYPES`, or a path Spark would take as a glob)."""
     if snapshot.protocol().minReaderVersion() != 1:
         return None

@@ -149,8 +149,8 @@ def history_changes(rows: pa.Table, spec: TableSpec, *, halves: np.ndarray | Non
         state[src] = None
         if op == "delete" or (half is not None and half[i] == OLD_HALF):  # the row its update takes away
             continue
-        cols = p.unchanged.get(i)
-        prov = i if not cols else (i, {j: _provenance(current, j) for j in cols})
+        unchanged = p.unchanged.get(i)
+        prov = i if not unchanged else (i, {j: _provenance(current, j) for j in unchanged})
         if new != src:
             close(new, i)
         state[new] = prov

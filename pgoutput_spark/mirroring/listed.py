@@ -36,7 +36,7 @@ _log = logging.getLogger(__name__)
 
 
 def read_current(spark: SparkSession, path: str) -> DataFrame:
-    """The Delta table at ``path`` as of its version now (`latest_version`), not "the latest":
+    """The Delta table at ``path`` as of its version now (`deltalog.latest_version`), not "the latest":
     Spark and Delta plan every cached frame that reads a table's latest version again after each
     write to that table (Delta's file listing jobs), and a run caches frames that read the
     tables it then writes (the pending rows it saves back, a mirror's pre-image).
@@ -72,7 +72,7 @@ def read_listed(spark: SparkSession, path: str) -> DataFrame:
     A table the caller then changes with Delta's own commands gains nothing: they reconstruct
     the state to find their files (Delta's reader leaves it in Delta's cache for them). The
     target's lease and ``pending`` are changed over the same listed files instead
-    (`update_listed`, `delete_listed`, `txn_append`'s overwrite with ``replaced``)."""
+    (`update_listed`, `delete_listed`, `delta.txn_append`'s overwrite with ``replaced``)."""
     snapshot = snapshot_now(spark, path)
     listed = listed_files(spark, snapshot)
     if listed is not None:

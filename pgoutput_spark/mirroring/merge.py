@@ -125,7 +125,7 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
     `merge_listed` where the mirror is a table of the files its checksum lists, otherwise Delta's."""
     from delta.tables import DeltaTable
 
-    values = {quote(c): f"s.{quote(c)}" for c in spec.columns}
+    values: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in spec.columns}
     on = merge_condition(spec)
 
     def run() -> dict[str, int]:  # on the table as it is now (see `execute_merge`)
@@ -215,7 +215,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     rewrite shuffles every row of the files it rewrites (10,000 random-key changes into a
     10M-row mirror: 8.4 s against 13.3 s, `benchmarks/apply.py`). The commit removes the files
     rewritten, carries the transaction identifier (``app_id``, ``version``, checked in the
-    checksum as `_checked_append` does) and is recorded as Delta's MERGE, with its condition,
+    checksum as `delta.txn_append` does) and is recorded as Delta's MERGE, with its condition,
     clauses and row counts. The transaction reads the whole table: Delta fails it where another
     commit changed the table meanwhile (`execute_merge` retries it after a rewrite of files).
     A commit that changes the table's schema (a run's new column or wider type) leaves the list
@@ -274,9 +274,10 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             return None
         counts, located, flagged = matched
         try:
-            touched = files if truncated else [
+            found = files if truncated else [
                 by_location.get(str(operations.absolutePath(root, name).toString())) for name in located]
-            if any(added is None for added in touched):
+            touched = [added for added in found if added is not None]
+            if len(touched) < len(found):
                 _log.debug("MERGE into %s by Delta's command: a file read is not in its checksum", path)
                 return None
             touched = [*touched, *_compacted(files, touched)]

@@ -155,7 +155,7 @@ def converted_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], 
     should come from cached rows, as the committed changes of a run do: their filter
     then runs in the task, and no row is written to shuffle files.
     """
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = pa.Table.from_batches(converted(batches, convert), schema=arrow_schema)
         yield from net_changes(table, spec).to_batches(max_chunksize=10_000)
 
@@ -239,7 +239,7 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
     partition = spark_partition_values(tasks)
     halved_schema = arrow_schema.append(pa.field(_HALF, pa.int8()))
 
-    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def split(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = pa.Table.from_batches(converted(batches, convert), schema=arrow_schema)
         parts = in_halves(table, spec, tasks)
         if parts is None:  # the driver found the key hashable (`halved_tasks`): this worker must too
@@ -251,7 +251,7 @@ def halved_net_frame(changes: DataFrame, convert: Callable[[pa.RecordBatch], pa.
                 yield pa.RecordBatch.from_arrays([pa.array([value], pa.int32()), _blob(batch)],
                                                  names=[_PARTITION, _BLOBS])
 
-    def net(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def net(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [pa.ipc.open_stream(blob.as_buffer()).read_all()
                  for batch in batches for blob in batch.column(_BLOBS)]
         table = pa.concat_tables(parts) if parts else halved_schema.empty_table()
@@ -335,7 +335,7 @@ def in_tasks(typed: DataFrame, pre: DataFrame | None, arrow_schema: pa.Schema, r
     schema = pa.schema([*_positional(arrow_schema), *([pa.field(_HALF, pa.int8())] if halves else []),
                         *[pa.field(f, pa.bool_()) for f in flags]])
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)  # the flags arrive NOT NULL: take the batches' own schema
         table = pa.Table.from_batches(received) if received else schema.empty_table()
         table = restore_null_arrays(table, flags)
@@ -457,7 +457,9 @@ def arrays_without_nulls(frame: DataFrame) -> tuple[DataFrame, dict[str, tuple[s
     delete. Returns the frame and its flags (flag column -> (column, field or None)) for
     `restore_null_arrays`.
     """
-    columns, flags, extra = [], {}, []
+    columns: list[Column] = []
+    flags: dict[str, tuple[str, str | None]] = {}
+    extra: list[Column] = []
     for i, field in enumerate(frame.schema.fields):
         column, t = F.col(f"`{field.name}`"), field.dataType
         if isinstance(t, T.ArrayType):

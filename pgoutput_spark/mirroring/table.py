@@ -195,7 +195,8 @@ def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, hi
                     if redone and past is not None else None)
     versions = history_done["inserted"] if history_done is not None else None
     if done is not None and (past is None or history_done is not None):  # merged before the run was interrupted
-        return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
+        return TableResult(name, plan.path, oid, done["inserted"], done["updated"], done["deleted"],
+                           status="already applied", history=versions)
     if plan.exists:  # a new mirror is created by its first append, in the same commit
         with _step(f"{name}: schema"):
             apply_schema(session, plan)
@@ -229,7 +230,8 @@ def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, hi
             if one_task:  # the mirror's halves would need one task as well: its rows are the history's current ones
                 tasks = 1
         if done is not None:
-            return TableResult(name, plan.path, oid, **done, status="already applied", history=versions)
+            return TableResult(name, plan.path, oid, done["inserted"], done["updated"], done["deleted"],
+                           status="already applied", history=versions)
         if local:  # a few rows: on the driver, no task
             with _step(f"{name}: convert, {'pre-image, ' if looks_up else ''}net change on the driver"):
                 net, summary = local_converted_net(
@@ -299,7 +301,8 @@ def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, hi
                 counts = {"inserted": sum(r["ins"] or 0 for r in summary.values()), "updated": 0,
                           "deleted": counts["deleted"] if truncated else
                           sum(r["del"] or 0 for r in summary.values())}
-            return TableResult(name, plan.path, oid, **counts, skipped=n_skipped, truncated=truncated,
+            return TableResult(name, plan.path, oid, counts["inserted"], counts["updated"], counts["deleted"],
+                               skipped=n_skipped, truncated=truncated,
                                history=versions, tasks=tasks)
         finally:
             release(net)

@@ -24,6 +24,7 @@ object appears whole or not at all).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import os
@@ -81,7 +82,7 @@ class ChunkRecord:
     def messages(self) -> int:
         return self.last_seq - self.first_seq + 1
 
-    def as_json(self) -> bytes:
+    def as_json(self) -> builtins.bytes:  # the field ``bytes`` shadows the type here
         return json.dumps(asdict(self), sort_keys=True).encode()
 
 

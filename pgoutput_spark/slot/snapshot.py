@@ -322,10 +322,10 @@ def snapshot_tables(
                                    " starts a new pipeline into new mirrors (re-snapshot it with tables=)")
             plans[table.oid] = plan
         # A re-snapshot's history tables: every decision before anything is written.
-        histories = {table.oid: _history_plan(spark, check, table, mirror_path(
+        planned = {table.oid: _history_plan(spark, check, table, mirror_path(
             target, table.schema, table.name, history_path or DEFAULT_HISTORY_PATH), selection)
             for table in chosen} if replace else {}
-        histories = {oid: found for oid, found in histories.items() if found is not None}
+        histories = {oid: found for oid, found in planned.items() if found is not None}
         source.say_if_standby()
     replication, point, snapshot = _create_slot(dsn, slot_name, two_phase and not replace, temporary=replace,
                                                 failover=failover and not replace)

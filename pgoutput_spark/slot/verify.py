@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -240,7 +240,8 @@ def _source_side(conn: Any, table: PublishedTable, work: Path, key_positions: li
     if copy_to_file(conn, table, text, every=_BLOCK) == 0 or not table.columns:
         return 0, 0, {}
     schema = pa.schema(table.arrow_columns())
-    rows, total, by_key = 0, 0, {}
+    rows, total = 0, 0
+    by_key: dict[str, list[int]] = {}
     for batch in read_copy(text, table, schema, _BLOCK):
         hashes = row_hashes(batch)
         rows += batch.num_rows
@@ -276,7 +277,7 @@ def _mirror_side(spark: SparkSession, path: str, table: PublishedTable, key_posi
     frame = frame.select(*columns)
     safe, flags = arrays_without_nulls(frame)  # runs of NULL arrays are slow to reach Arrow
 
-    def hashed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def hashed(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows, total = 0, 0
         for batch in batches:
             rows += batch.num_rows

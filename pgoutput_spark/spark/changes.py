@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -78,7 +78,7 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
     schema = change_schema(columns)  # type: ignore[arg-type]
     convert = converter(committed.sparkSession, relation_id, history, schema)
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             yield convert(batch)
 

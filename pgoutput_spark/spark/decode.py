@@ -17,13 +17,13 @@ Nothing else reaches the driver, and a task holds one Arrow batch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -44,12 +44,12 @@ OnError = Literal["fail", "quarantine"]
 DECODED_SPARK_SCHEMA = from_arrow_schema(DECODED_SCHEMA)
 
 
-def _byte(value: int) -> F.Column:
+def _byte(value: int) -> Column:
     """A one-byte binary literal."""
     return F.lit(bytearray([value]))
 
 
-def _message_bytes(data: F.Column, framing: Framing, start: int, length: int) -> F.Column:
+def _message_bytes(data: Column, framing: Framing, start: int, length: int) -> Column:
     """``length`` bytes of the message from its byte ``start`` (1-based), past an XLogData
     frame when allowed."""
     plain = F.substring(data, start, length)
@@ -193,7 +193,7 @@ def decode(
     schema = T.StructType(fields)
     at_raw = DECODED_SCHEMA.get_field_index("raw")
 
-    def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def decode_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         event_seq, event_is_start, bounds = shared.value
         stream = StreamEvents(event_seq, event_is_start)
         for batch in batches:
@@ -221,7 +221,7 @@ def decode(
     return canonical.drop("session").mapInArrow(decode_partition, schema)  # the sessions are in `events`
 
 
-def raw_bytes(frame: DataFrame) -> F.Column:
+def raw_bytes(frame: DataFrame) -> Column:
     """``frame``'s ``raw`` as a binary column, also where `decode`'s ``raw_as_string`` typed it
     as a string."""
     raw = frame["raw"]

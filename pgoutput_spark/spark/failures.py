@@ -59,7 +59,7 @@ def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:
-        return None if error is None else (python_task_error(error) or task_out_of_memory(error, sc.master)
+        return None if error is None else (python_task_error(error) or task_out_of_memory(error, sc.master or "")
                                            or unreadable_file(error) or capture_error(error))
     proc = getattr(sc._gateway, "proc", None)  # None under spark-submit (the JVM is our parent)
     code = None

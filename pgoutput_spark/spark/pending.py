@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from ..errors import ConfigError
 from .assemble import Assembled, ScanState
-from .session import release
+from .session import one_row, release
 
 _log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def saved_open_rows(spark: SparkSession, path: str, run_hi: int | None) -> DataF
     """The open-transaction rows saved at ``path`` by the run that ended at seq ``run_hi``
     (the ``pending`` of the next run's `assemble`), or None when there can be none."""
     table = None if run_hi is None else _saved_rows(spark, path)
-    return None if table is None else table.where(F.col("_run_hi") == run_hi).drop("_run_hi")
+    return None if table is None else table.where(F.col("_run_hi") == F.lit(run_hi)).drop("_run_hi")
 
 
 def save_open_rows(assembled: Assembled, path: str, app_id: str, lo: int | None, hi: int) -> int:
@@ -242,5 +242,5 @@ def _oldest_run_hi(spark: SparkSession, path: str) -> int | float:
 
     if not _holds_files(spark, path):
         return float("inf")
-    oldest = spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}").first()[0]
+    oldest = one_row(spark.sql(f"SELECT min(_run_hi) FROM {path_table(path)}"))[0]
     return float("inf") if oldest is None else int(oldest)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark import SparkConf, SparkContext
 from pyspark.errors import PySparkRuntimeError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -325,7 +325,7 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread | None:
             return None
         _warm_applications.add(application)
     cores = context.defaultParallelism
-    if context.master.startswith("local"):  # the driver's cores: one left for the run itself
+    if (context.master or "").startswith("local"):  # the driver's cores: one left for the run itself
         cores -= 1
     tasks = max(1, min(cores, WARM_UP_TASKS))
     thread = threading.Thread(target=_warm_quietly, args=(spark, tasks), name=WARM_UP_GROUP, daemon=True)
@@ -359,7 +359,7 @@ def warm_up(spark: SparkSession, tasks: int) -> list[int]:
     return [row.pid for row in rows]
 
 
-def _import_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _import_modules(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A warm-up task (`warm_up`): imports `WARM_MODULES` in its Python worker."""
     for name in WARM_MODULES:
         importlib.import_module(name)
@@ -396,17 +396,17 @@ def temporary_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator
     """Within it, the session's SQL ``settings``; afterwards each is put back as it was
     (unset where it was not set), whatever happened within. A session made meanwhile
     by `copy_session` has SQL settings of its own (copied from this session's when it is made)."""
-    before = {key: spark.conf.get(key, None) for key in settings}
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
+        for key, old in before.items():
+            if old is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, old)
 
 
 @contextmanager
@@ -441,6 +441,14 @@ def small_run(spark: SparkSession, messages: int) -> Iterator[bool]:
         return
     with without_codegen(spark) as interpreted:
         yield interpreted
+
+
+def one_row(frame: DataFrame) -> Row:
+    """The row of ``frame``, an aggregate without grouping: `DataFrame.first`, typed as possibly
+    None, which such a query never is."""
+    row = frame.first()
+    assert row is not None, "an aggregate without grouping has one row"
+    return row
 
 
 def release(frame: DataFrame) -> None:

@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 from ..capture import repeated_note
 from ..lsn import Lsn
+from .session import one_row
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,14 @@ def summarize(decoded: DataFrame) -> CaptureSummary:
     """Counts by message type, transactions by kind and the relations seen."""
     counts = {row["message_type"] or "(undecodable)": row["count"]
               for row in decoded.groupBy("message_type").count().collect()}
-    stats = decoded.agg(
+    stats = one_row(decoded.agg(
         F.count(F.lit(1)).alias("messages"),
         F.min("lsn").alias("min_lsn"),
         F.max("lsn").alias("max_lsn"),
         F.count("error").alias("quarantined"),
         F.countDistinct(F.when(F.col("message_type") == "stream_start", F.col("stream_start.xid")))
         .alias("streamed"),
-    ).first()
+    ))
     latest = F.max_by(
         F.struct(F.col("relation.namespace").alias("namespace"),
                  F.col("relation.relation_name").alias("name"),

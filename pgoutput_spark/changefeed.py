@@ -296,7 +296,7 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
             latest = history.latest(relation_id)
             plans[relation_id] = plan_schema(
                 spark, mirror_path(f"{state.target}/_changes", latest.namespace, latest.name),
-                f"{latest.namespace}.{latest.name}", history.table_columns(relation_id),  # type: ignore[arg-type]
+                f"{latest.namespace}.{latest.name}", history.table_columns(relation_id),
                 remedy="Move the change table away to start a new one from this run on")
         for relation_id, plan in plans.items():
             latest = history.latest(relation_id)

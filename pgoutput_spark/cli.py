@@ -241,7 +241,7 @@ def _spark(config: Config, master: str | None = None) -> Any:
 
     spark = build_spark_session(master=master or config.spark.master, conf=config.spark.conf)
     if (spark.sparkContext.master or "").startswith("local"):
-        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        jvm = spark.sparkContext._jvm
         configurator = jvm_class(jvm, "org.apache.logging.log4j.core.config.Configurator")
         off = jvm_class(jvm, "org.apache.logging.log4j.Level").OFF
         for name in _TASK_FAILURE_LOGGERS:
@@ -293,7 +293,7 @@ def run_verify_command(config: Config, args: argparse.Namespace) -> Any:
     return result
 
 
-def _capture(config: Config):  # type: ignore[no-untyped-def]
+def _capture(config: Config):
     spark = _spark(config)
     capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None
@@ -324,7 +324,7 @@ def run_apply_command(config: Config, args: argparse.Namespace) -> Any:
 
     def once() -> Any:
         return run_apply(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                         on_error=config.decode.on_error,  # type: ignore[arg-type]
+                         on_error=config.decode.on_error,
                          skip_origins=config.changes.skip_origins,
                          parallelism=args.parallelism or config.apply.parallelism,
                          table_path=config.apply.table_path, table_name=config.apply.table_name,
@@ -360,7 +360,7 @@ def run_changes_command(config: Config, args: argparse.Namespace) -> Any:
     forget = [args.forget_xid]  # forgotten by the first run only
     return _until_caught_up(
         lambda: run_changes(spark, capture, args.target, columns=columns, pipeline=config.changes.pipeline,
-                            on_error=config.decode.on_error,  # type: ignore[arg-type]
+                            on_error=config.decode.on_error,
                             skip_origins=config.changes.skip_origins, max_messages=args.max_messages,
                             progress=say, accept_late_files=args.accept_late_files,
                             seq_gaps="allow" if args.allow_seq_gaps else None, tables=config.tables,

@@ -70,7 +70,7 @@ class DecodeError(PgoutputSparkError):
         )
 
 
-def _rebuild_decode_error(reason, field, offset, message_type, seq, lsn):  # type: ignore[no-untyped-def]
+def _rebuild_decode_error(reason, field, offset, message_type, seq, lsn):
     return DecodeError(
         reason, field=field, offset=offset, message_type=message_type, seq=seq, lsn=lsn
     )
@@ -139,5 +139,5 @@ class TypeConversionError(PgoutputSparkError):
         )
 
 
-def _rebuild_type_conversion_error(reason, type_name, format, value, index):  # type: ignore[no-untyped-def]
+def _rebuild_type_conversion_error(reason, type_name, format, value, index):
     return TypeConversionError(reason, type_name=type_name, format=format, value=value, index=index)

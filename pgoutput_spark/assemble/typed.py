@@ -264,7 +264,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
             history.version_at(relation_id, int(seq[missing[0]]))  # raises UnknownRelationError
         # Versions apart that describe the same columns again (a column added, then dropped):
         # their rows are converted together.
-        same: dict[tuple, int] = {}  # type: ignore[type-arg]
+        same: dict[tuple, int] = {}
         for v in np.unique(version_of[change_rows]).tolist():
             first = same.setdefault(history.layout(versions[v]), v)
             if first != v:
@@ -288,7 +288,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
         # One version and no truncate among the rows (the common case): nothing to move.
         in_place = len(parts) == 1 and parts[0][0].size == n
 
-        def scatter(name: str, pick, type_: pa.DataType) -> pa.Array:  # type: ignore[no-untyped-def]
+        def scatter(name: str, pick, type_: pa.DataType) -> pa.Array:
             chunks = [pick(p).get(name, pa.nulls(p[0].size, type_)) for p in parts]
             if in_place:
                 return chunks[0].cast(type_)

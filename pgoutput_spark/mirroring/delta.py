@@ -122,7 +122,7 @@ def _checked_append(jvm: Any, frame: DataFrame, path: str, app_id: str, version:
                     replaced: Callable[[dict[str, str | None]], bool] | None = None) -> bool:
     """`_append_checked_by_checksum` in the frame's session."""
     try:
-        txn = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(frame.sparkSession._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        txn = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(frame.sparkSession._jsparkSession, path).startTransaction()
         snapshot = txn.snapshot()
         if snapshot.version() < 0:
             return False
@@ -225,7 +225,7 @@ def vacuum_files(spark: SparkSession, path: str) -> int:
     if not names:
         return 0
     _, fs = hadoop(spark, path)  # the table's files are on its file system
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    jvm = spark.sparkContext._jvm
     hadoop_path = jvm_class(jvm, "org.apache.hadoop.fs.Path")
     files = [hadoop_path(name) for name in names]
     deleted = sum(bool(fs.delete(file, False)) for file in files)

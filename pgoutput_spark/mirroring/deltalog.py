@@ -53,10 +53,10 @@ def register_metrics(session: SparkSession, jvm: Any, txn: Any, operation_metric
     named = [] if operation_metrics is None else [str(n) for n in scala_list(operation_metrics)]
     for name in [*named, *counts]:
         metric = jvm_class(jvm, "org.apache.spark.sql.execution.metric.SQLMetrics").createMetric(
-            session.sparkContext._jsc.sc(), name)  # type: ignore[attr-defined]
+            session.sparkContext._jsc.sc(), name)
         metric.set(counts.get(name, 0))
         metrics.put(name, metric)
-    txn.registerSQLMetrics(session._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))  # type: ignore[attr-defined]
+    txn.registerSQLMetrics(session._jsparkSession, jvm_class(jvm, _PYTHON_UTILS).toScalaMap(metrics))
 
 
 def set_transaction(jvm: Any, entry: Any, app_id: str, version: int) -> Any:
@@ -95,8 +95,8 @@ def latest_version(spark: SparkSession, path: str) -> int:
 
 def snapshot_now(spark: SparkSession, path: str) -> Any:
     """Delta's snapshot of the table at ``path``, brought up to date (no Spark job)."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    log = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    jvm = spark.sparkContext._jvm
+    log = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(spark._jsparkSession, path)
     none = jvm_class(jvm, "scala.Option").empty()
     return log.update(False, none, none)
 
@@ -157,12 +157,12 @@ class active:
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
-        self.jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        self.jvm = spark.sparkContext._jvm
         self.sessions = jvm_class(self.jvm, "org.apache.spark.sql.SparkSession")
 
     def __enter__(self) -> Any:
         self.before = self.sessions.getActiveSession()
-        self.sessions.setActiveSession(self.spark._jsparkSession)  # type: ignore[attr-defined]
+        self.sessions.setActiveSession(self.spark._jsparkSession)
         return self.jvm
 
     def __exit__(self, *exc: object) -> None:
@@ -223,7 +223,7 @@ def partition_values(added: Any, names: list[str]) -> dict[str, str | None]:
 
 def file_operations(spark: SparkSession) -> Any:
     """Delta's ``DeltaFileOperations`` (for `file_location`), looked up once for a table's files."""
-    return jvm_class(spark.sparkContext._jvm, f"{DELTA}.util.DeltaFileOperations")  # type: ignore[attr-defined]
+    return jvm_class(spark.sparkContext._jvm, f"{DELTA}.util.DeltaFileOperations")
 
 
 def file_location(operations: Any, root: str, added: Any) -> str:

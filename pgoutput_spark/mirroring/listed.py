@@ -107,10 +107,10 @@ def update_listed(spark: SparkSession, path: str, condition: str, assignments: d
         updated = frame.select(*[
             F.when(matched, F.expr(assignments[f.name]).cast(f.dataType)).otherwise(F.col(quote(f.name))).alias(f.name)
             if f.name in assignments else F.col(quote(f.name)) for f in schema.fields])
-        actions = txn.writeFiles(updated._jdf)  # type: ignore[attr-defined]
+        actions = txn.writeFiles(updated._jdf)
         for added in listed:
             actions = actions.appended(added.remove())
-        predicate = spark._jsparkSession.sessionState().sqlParser().parseExpression(condition)  # type: ignore[attr-defined]
+        predicate = spark._jsparkSession.sessionState().sqlParser().parseExpression(condition)
         txn.commit(actions, update(jvm_class(jvm, "scala.Option").apply(predicate)))
         return rows
 
@@ -142,7 +142,7 @@ def delete_listed(spark: SparkSession, path: str, predicate: str,
                                    "numDeletionVectorsAdded", "numDeletionVectorsRemoved", "numDeletionVectorsUpdated",
                                    "scanTimeMs", "rewriteTimeMs", "executionTimeMs"), 0)}
         register_metrics(spark, jvm, txn, None, counts)
-        parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)  # type: ignore[attr-defined]
+        parsed = spark._jsparkSession.sessionState().sqlParser().parseExpression(predicate)
         txn.commit(scala_seq(jvm, [added.remove() for added in removed]), delete(scala_seq(jvm, [parsed])))
         return True
 
@@ -154,7 +154,7 @@ def _listed_transaction(spark: SparkSession, jvm: Any, path: str,
     Delta's ``operation`` (``DeltaOperations.<operation>``) and the files its checksum lists
     (`listed_files`); None where there is no table, no such list, or no such class."""
     try:
-        txn = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(spark._jsparkSession, path).startTransaction()  # type: ignore[attr-defined]
+        txn = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(spark._jsparkSession, path).startTransaction()
         snapshot = txn.snapshot()
         recorded = jvm_class(jvm, f"{DELTA}.DeltaOperations${operation}")
         if snapshot.version() < 0 or not isinstance(recorded, JavaClass):

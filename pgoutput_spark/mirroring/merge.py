@@ -231,7 +231,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     columns = [*spec.columns, *HISTORY_NAMES] if history else list(spec.columns)
     with active(session) as jvm:
         try:
-            log = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(session._jsparkSession, path)  # type: ignore[attr-defined]
+            log = jvm_class(jvm, f"{DELTA}.DeltaLog").forTable(session._jsparkSession, path)
             txn = log.startTransaction()
             snapshot = txn.snapshot()
             operation = jvm_class(jvm, f"{DELTA}.DeltaOperations$Merge")
@@ -308,7 +308,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             "numTargetFilesRemoved": len(touched), "numTargetFilesAdded": len(added_files),
             "numTargetBytesRemoved": sum(int(a.size()) for a in touched),
             "numTargetBytesAdded": sum(int(a.size()) for a in added_files)})
-        parser = session._jsparkSession.sessionState().sqlParser()  # type: ignore[attr-defined]
+        parser = session._jsparkSession.sessionState().sqlParser()
         some = jvm_class(jvm, "scala.Option").apply
         if history:
             matched_clauses = [clause(none, "update")]

@@ -58,7 +58,7 @@ def schema_plan(spark: SparkSession, root: str, history: RelationHistory, oid: i
     first = history.relations[oid][0]  # a renamed table keeps the mirror it started with
     latest = history.latest(oid)
     return plan_schema(spark, mirror_path(root, first.namespace, first.name, table_path),
-                       f"{latest.namespace}.{latest.name}", history.table_columns(oid),  # type: ignore[arg-type]
+                       f"{latest.namespace}.{latest.name}", history.table_columns(oid),
                        carried=history.columns_since(oid, first_seq))
 
 
@@ -91,7 +91,7 @@ def history_plan(spark: SparkSession, root: str, history: RelationHistory, oid: 
                           f"its rows have no versions to follow; give it one with tables.keys; nothing was written")
     first = history.relations[oid][0]
     return plan_history(spark, mirror_path(root, first.namespace, first.name, template), name,
-                        plan.columns)  # type: ignore[arg-type]
+                        plan.columns)
 
 
 def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past: SchemaPlan, plan: SchemaPlan,

@@ -74,8 +74,8 @@ def typed_change_frame(committed: DataFrame, relation_id: int, history: Relation
     are merged, not shuffled). ``tuples``: as for `relation_rows`.
     """
     if columns is None:
-        columns = history.table_columns(relation_id)  # type: ignore[assignment]
-    schema = change_schema(columns)  # type: ignore[arg-type]
+        columns = history.table_columns(relation_id)
+    schema = change_schema(columns)
     convert = converter(committed.sparkSession, relation_id, history, schema)
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -55,7 +55,7 @@ def spark_failure(spark: SparkSession | None = None, *, wait: float = 10.0,
     if sc is None:
         return None
     try:
-        stopped = bool(sc._jsc is None or sc._jsc.sc().isStopped())  # type: ignore[union-attr]
+        stopped = bool(sc._jsc is None or sc._jsc.sc().isStopped())
     except (Py4JError, ConnectionError, AttributeError):
         stopped = True  # the gateway is gone: the JVM exited
     if not stopped:

@@ -45,8 +45,8 @@ def local_folder(path: str) -> Path | None:
 
 def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """``path`` as a Hadoop path, and its file system, configured as the session's reads are."""
-    hadoop_path = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.Path")(path)  # type: ignore[attr-defined]
-    conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
+    hadoop_path = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.Path")(path)
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
     return hadoop_path, hadoop_path.getFileSystem(conf)
 
 
@@ -62,7 +62,7 @@ def read_text(spark: SparkSession, path: str) -> str | None:
         return None
     stream = fs.open(hadoop_path)
     try:
-        io_utils = jvm_class(spark.sparkContext._jvm, "org.apache.commons.io.IOUtils")  # type: ignore[attr-defined]
+        io_utils = jvm_class(spark.sparkContext._jvm, "org.apache.commons.io.IOUtils")
         return str(io_utils.toString(stream, "UTF-8"))
     finally:
         stream.close()
@@ -74,7 +74,7 @@ def upload(spark: SparkSession, local: Path, path: str) -> None:
     target, fs = hadoop(spark, path)
     # FileUtil.copy between the two file systems, whatever `file:` is mapped to (copyFromLocalFile
     # goes through FileSystem.getLocal, which must then be a LocalFileSystem).
-    copy = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.FileUtil").copy  # type: ignore[attr-defined]
+    copy = jvm_class(spark.sparkContext._jvm, "org.apache.hadoop.fs.FileUtil").copy
     copy(source_fs, source, fs, target, True, True, fs.getConf())
 
 

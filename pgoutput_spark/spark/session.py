@@ -385,9 +385,9 @@ def copy_session(spark: SparkSession) -> SparkSession:
     of them: Spark's defaults and the ``default`` database, where a catalog name of one part
     (`register`) would then go though the run checked it in the session's current database.
     """
-    copy = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())  # type: ignore[attr-defined]
+    copy = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
     # The clone takes the current database when it first uses its catalog: now, with the settings.
-    copy._jsparkSession.sessionState().catalogManager().currentNamespace()  # type: ignore[attr-defined]
+    copy._jsparkSession.sessionState().catalogManager().currentNamespace()
     return copy
 
 

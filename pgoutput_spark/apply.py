@@ -412,16 +412,16 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
                 for i, oid in enumerate(oids):
                     # A later relation on the same path finds the mirror as the earlier one left it.
                     plan = plans[oid] if i == 0 else schema_plan(session, ledger.root, history, oid, table_path,
-                                                           first_seq.get(oid))
+                                                                 first_seq.get(oid))
                     past = histories.get(oid)
                     if past is not None and i > 0:
                         past = history_plan(session, ledger.root, history, oid, plan, tables, history_path)
                     # A (re-)snapshot at S holds every transaction that committed before S.
                     rows = committed if oid not in starts else committed.where(F.col("commit_lsn") >= starts[oid])
                     out.append(mirror_table(session, ledger, rows, history, oid, plan, kinds[oid],
-                                             n_changes[oid], to_lsn, metadata, redone,
-                                             mirror_spec(history, oid, plan, tables), past, tuples,
-                                             net_task_rows))
+                                            n_changes[oid], to_lsn, metadata, redone,
+                                            mirror_spec(history, oid, plan, tables), past, tuples,
+                                            net_task_rows))
                     if oid in names:
                         register(session, names[oid], plan.path)
                 return out

@@ -45,7 +45,7 @@ def scala_list(items: Any) -> list[Any]:
 
 
 def register_metrics(session: SparkSession, jvm: Any, txn: Any, operation_metrics: Any,
-                      counts: dict[str, int]) -> None:
+                     counts: dict[str, int]) -> None:
     """Register ``counts`` with the transaction ``txn`` as its operation's metrics, and as 0 every
     other metric ``operation_metrics`` names (Delta's set of the operation's metric names, or
     None): the metrics its commit records (``DESCRIBE HISTORY``'s ``operationMetrics``)."""

@@ -52,7 +52,7 @@ _step = partial(timed, _log)
 
 
 def schema_plan(spark: SparkSession, root: str, history: RelationHistory, oid: int,
-          table_path: str, first_seq: int | None = -1) -> SchemaPlan:
+                table_path: str, first_seq: int | None = -1) -> SchemaPlan:
     """The mirror's schema plan for a run whose first change of the table to write is at
     ``first_seq`` (None: it writes none; -1: every version's columns, as a replay from the start)."""
     first = history.relations[oid][0]  # a renamed table keeps the mirror it started with
@@ -82,7 +82,7 @@ def mirror_spec(history: RelationHistory, oid: int, plan: SchemaPlan, tables: Ta
 
 
 def history_plan(spark: SparkSession, root: str, history: RelationHistory, oid: int, plan: SchemaPlan,
-                  tables: TablesConfig, template: str) -> SchemaPlan:
+                 tables: TablesConfig, template: str) -> SchemaPlan:
     """The schema plan of a table's history table; `ConfigError` for a table without a key."""
     name = history.first_name(oid)
     spec = mirror_spec(history, oid, plan, tables)
@@ -158,8 +158,8 @@ def _write_history(session: SparkSession, pipeline: str, typed: DataFrame, past:
 
 
 def converted_net(session: SparkSession, committed: DataFrame, oid: int, history: RelationHistory,
-                   spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool, tasks: int = 1,
-                   skipping: np.ndarray | None = None) -> DataFrame:
+                  spec: TableSpec, arrow_schema: pa.Schema, *, tuples: bool, tasks: int = 1,
+                  skipping: np.ndarray | None = None) -> DataFrame:
     """A table's committed change rows converted and netted in one task (`converted_net_frame`),
     or in ``tasks`` tasks in halves (`halved_net_frame`, ``skipping`` as there); ``tuples`` as for
     `relation_rows`."""
@@ -171,10 +171,10 @@ def converted_net(session: SparkSession, committed: DataFrame, oid: int, history
 
 
 def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, history: RelationHistory,
-                  oid: int, plan: SchemaPlan, kinds: dict[str, int], n_changes: int, to_lsn: int,
-                  metadata: dict[str, Any], redone: bool, spec: TableSpec,
-                  past: SchemaPlan | None = None, tuples: bool = False,
-                  net_task_rows: int = NET_TASK_ROWS) -> TableResult:
+                 oid: int, plan: SchemaPlan, kinds: dict[str, int], n_changes: int, to_lsn: int,
+                 metadata: dict[str, Any], redone: bool, spec: TableSpec,
+                 past: SchemaPlan | None = None, tuples: bool = False,
+                 net_task_rows: int = NET_TASK_ROWS) -> TableResult:
     """Net change and write of one table: a MERGE, or an append where no mirror row can match.
 
     ``kinds``: the run's message types for the table (insert, update, delete, truncate), with
@@ -231,7 +231,7 @@ def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, hi
                 tasks = 1
         if done is not None:
             return TableResult(name, plan.path, oid, done["inserted"], done["updated"], done["deleted"],
-                           status="already applied", history=versions)
+                               status="already applied", history=versions)
         if local:  # a few rows: on the driver, no task
             with _step(f"{name}: convert, {'pre-image, ' if looks_up else ''}net change on the driver"):
                 net, summary = local_converted_net(
@@ -243,7 +243,7 @@ def mirror_table(session: SparkSession, ledger: Ledger, committed: DataFrame, hi
             def netted(tasks: int, skipping: np.ndarray | None = None) -> DataFrame:
                 if fused:
                     return converted_net(session, committed, oid, history, spec, arrow_schema, tuples=tuples,
-                                          tasks=tasks, skipping=skipping)
+                                         tasks=tasks, skipping=skipping)
                 assert typed is not None
                 pre = pre_image(session, plan.path, looked_up(typed, spec), typed.schema, spec) if looks_up else None
                 return net_frame(typed, pre, spec, arrow_schema, tasks=tasks, moved=moved, halves=halved > 1,

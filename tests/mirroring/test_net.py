@@ -17,7 +17,7 @@ from pgoutput_spark.decoder import kernel
 from pgoutput_spark.mirroring import walk
 from pgoutput_spark.mirroring.keys import joined_buckets
 from pgoutput_spark.mirroring.net import (NEW_HALF, OLD_HALF, TOAST_CONFLICT_REASON, WHOLE, TableSpec, in_halves,
-                                         net_changes)
+                                          net_changes)
 
 COLUMNS = [("id", pa.int32()), ("k2", pa.int32()), ("big", pa.string()), ("n", pa.int64())]
 NAMES = tuple(name for name, _ in COLUMNS)

@@ -137,7 +137,7 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
     append(path, spark.createDataFrame([(5, "e")], "id int, v string"), plain, app_id=APP_ID,
            version=12, metadata={"to_lsn": 12})
     assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
-                              version=13) == {"inserted": 0, "updated": 1, "deleted": 0}
+                                version=13) == {"inserted": 0, "updated": 1, "deleted": 0}
     # Two net rows for one key: nothing written by ours; Delta's MERGE fails as it does.
     spec = TableSpec("keyed", ("id",), COLUMNS)
     path = str(tmp_path / "twice")

@@ -360,8 +360,8 @@ def _run(ledger: Ledger, decoded: DataFrame, n_messages: int, lease: Lease, run_
             f"touching {len(relations)} tables")
         for relation_id in relations:
             if relation_id not in history.relations:
-                first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
-                history.version_at(relation_id, first[0] if first and first[0] is not None else -1)
+                first = one_row(committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")))[0]
+                history.version_at(relation_id, first if first is not None else -1)
 
         def snapshotted(oid: int) -> bool:  # a re-snapshot, or a first snapshot (recorded or not)
             first = history.relations[oid][0]  # the mirror's name, as `schema_plan`'s path

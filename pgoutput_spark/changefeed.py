@@ -287,8 +287,8 @@ def _apply(spark: SparkSession, state: _State, decoded: DataFrame, n_messages: i
                         for r in touched.groupBy("relation_id").count().collect()}
         for relation_id in sorted(per_relation):
             if relation_id not in history.relations:
-                first = committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")).first()
-                seq = first[0] if first is not None and first[0] is not None else -1
+                first = one_row(committed.where(F.col("change.relation_id") == relation_id).agg(F.min("seq")))[0]
+                seq = first if first is not None else -1
                 history.version_at(relation_id, seq)  # raises UnknownRelationError (OID, seq)
         chosen, excluded = history.selected(sorted(per_relation), tables)
         plans = {}  # every table's schema checked before anything is written

@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 
 from ..errors import PgoutputSparkError
 from ..spark.jvm import jvm_class
-from ..spark.session import release, temporary_conf
+from ..spark.session import one_row, release, temporary_conf
 from .deltalog import (
     DELTA,
     active,
@@ -359,14 +359,13 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[
         try:
             hit = F.col("file").isNotNull()
             upsert, delete = F.col("a") == "upsert", F.col("a") == "delete"
-            row = flagged.agg(
+            row = one_row(flagged.agg(
                 F.count(F.lit(1)).alias("rows"),
                 F.count_distinct(*[F.col(f"s{j}") for j in at]).alias("keys"),
                 F.sum(F.when(hit & upsert, 1).otherwise(0)).alias("updated"),
                 F.sum(F.when(~hit & upsert, 1).otherwise(0)).alias("inserted"),
                 F.sum(F.when(hit & delete, 1).otherwise(0)).alias("deleted"),
-                F.collect_set(F.when(hit, F.col("file"))).alias("files")).first()
-            assert row is not None
+                F.collect_set(F.when(hit, F.col("file"))).alias("files")))
         except BaseException:
             release(flagged)
             raise
@@ -380,8 +379,7 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[
         return counts, list(row["files"]), flagged
     gone = source.where(F.col("_action") == "delete_all").select(*_source_keys(spec))
     deleted = t.join(gone, [t[f"t{i}"].eqNullSafe(gone[f"s{j}"]) for j, i in enumerate(keys)], "left_semi")
-    row = deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")).first()
-    assert row is not None
+    row = one_row(deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")))
     sizes = {r["_action"]: r["n"] for r in source.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
     return ({"inserted": sizes.get("insert", 0), "updated": 0, "deleted": row["deleted"],
              "matched_deleted": row["deleted"], "source": sum(sizes.values())}, list(row["files"]), None)
@@ -392,18 +390,16 @@ def _history_matched(current: DataFrame, source: DataFrame,
     """`_matched` of a history: ``current``, the key columns of its current versions and their
     ``file``."""
     is_close = F.col("_action") == "close"
-    sizes = source.agg(F.count(F.when(is_close, 1)).alias("closes"),
-                       F.count_distinct(*[F.when(is_close, F.col(quote(k))) for k in spec.key]).alias("keys"),
-                       F.count(F.when(F.col("_action") == "version", 1)).alias("versions"),
-                       F.count(F.lit(1)).alias("rows")).first()
-    assert sizes is not None
+    sizes = one_row(source.agg(F.count(F.when(is_close, 1)).alias("closes"),
+                               F.count_distinct(*[F.when(is_close, F.col(quote(k))) for k in spec.key]).alias("keys"),
+                               F.count(F.when(F.col("_action") == "version", 1)).alias("versions"),
+                               F.count(F.lit(1)).alias("rows")))
     if sizes["closes"] != sizes["keys"]:
         return None
     closes = source.where(is_close).select(*_source_keys(spec))
     on = [current[c] == closes[f"s{j}"] for j, c in enumerate(current.columns[:-1])]
-    row = current.join(closes, on).agg(F.count(F.lit(1)).alias("updated"),
-                                       F.collect_set("file").alias("files")).first()
-    assert row is not None
+    row = one_row(current.join(closes, on).agg(F.count(F.lit(1)).alias("updated"),
+                                               F.collect_set("file").alias("files")))
     return ({"inserted": sizes["versions"], "updated": row["updated"], "deleted": 0, "matched_deleted": 0,
              "source": sizes["rows"]}, list(row["files"]), None)
 

@@ -33,7 +33,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
-from .session import local_frame, release
+from .session import local_frame, one_row, release
 from .sessions import Sessions
 
 #: Messages that are row changes (or take effect with a transaction).
@@ -176,15 +176,14 @@ def _is_start() -> Column:
 def _summary(messages: DataFrame, start: ScanState, sessions: Sessions | None = None) -> _Summary:
     boundary = F.col("message_type").isin(*_BOUNDARY)
     stream = F.col("message_type").isin(*_STREAM_EDGES)
-    row = messages.agg(
+    row = one_row(messages.agg(
         F.min("seq").alias("lo"), F.max("seq").alias("hi"), F.count(F.lit(1)).alias("n"),
         F.count(F.when(_is_begin(), F.lit(1))).alias("begins"),
         F.count(F.when(_is_start(), F.lit(1))).alias("starts"),
         F.max_by(F.struct("message_type", "seq"), F.when(boundary, F.col("seq"))).alias("b"),
         F.max_by(F.struct("message_type", F.col("stream_start.xid").alias("xid"), "seq"),
                  F.when(stream, F.col("seq"))).alias("s"),
-    ).first()
-    assert row is not None
+    ))
     end_begin, end_xid = start.last_begin_seq, start.last_stream_xid
     if row["b"] is not None:  # the last boundary decides whether a block is open
         end_begin = row["b"]["seq"] if row["b"]["message_type"] in ("begin", "begin_prepare") else None

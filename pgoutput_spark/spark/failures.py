@@ -5,7 +5,6 @@ jobs' entry points)."""
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 import sys
@@ -18,7 +17,6 @@ from pyspark.sql import SparkSession
 from ..errors import CaptureError, PgoutputSparkError
 
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
 
 
 _REMEDY = ("give the driver more memory (--conf spark.driver.memory=8g, spark.conf in --config, "

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 from pyspark import SparkConf, SparkContext
@@ -26,7 +26,6 @@ from ..errors import SparkStartError
 from .failures import note_session, spark_failure
 from .localfs import java_command, local_fs_settings
 
-T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 

@@ -66,6 +66,7 @@ from .rebuild import Rebuild
 from .results import ApplyResult, TableResult, timed, utc_from_micros
 from .spark.assemble import Assembled, ScanState, assemble, session_end_lines
 from .spark.changes import CHANGE_ROW_COLUMNS
+from .spark.connect import require_classic
 from .spark.decode import OnError, decode, quarantined
 from .spark.failures import explains_spark_failures
 from .spark.pending import ForgottenStream, forget_open_streams, save_open_rows, status_asker, to_forget
@@ -183,6 +184,7 @@ def run_apply(spark: SparkSession, capture: DataFrame, target: str, *,
     server to tell). Its one query runs only when some are open. It must be the server the
     capture came from, or a standby of it: another's answers are about other transactions.
     """
+    require_classic(spark, "apply")
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     started = time.time()

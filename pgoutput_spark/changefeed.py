@@ -39,6 +39,7 @@ from .mirroring.names import absolute_path, mirror_path, path_table
 from .mirroring.schema import plan_schema
 from .spark.assemble import ScanState, assemble, session_end_lines
 from .spark.changes import CHANGE_ROW_COLUMNS, typed_change_frame
+from .spark.connect import require_classic
 from .spark.decode import OnError, decode, quarantined
 from .spark.failures import explains_spark_failures
 from .spark.pending import (ForgottenStream, forget_open_streams, save_open_rows, saved_open_rows, status_asker,
@@ -190,6 +191,7 @@ def run_changes(spark: SparkSession, capture: DataFrame, target: str, *,
     (a connection string to the capture's source server) forgets those it reports aborted, as
     `run_apply`'s does.
     """
+    require_classic(spark, "the changes job")
     if max_messages is not None and max_messages < 1:
         raise ValueError(f"max_messages must be at least 1, not {max_messages}")
     warm_python_workers(spark)  # meanwhile: the first run of a new JVM reads its position

@@ -40,6 +40,7 @@ from ..convert.oids import FIRST_GENBKI_OBJECT_ID
 from ..convert.pgtype import PgType, resolve
 from ..errors import CaptureError, ConfigError
 from ..lsn import Lsn
+from ..spark.connect import require_classic
 from .options import PluginOptions, quote_ident
 from .source import SlotSource, connect
 
@@ -292,6 +293,7 @@ def snapshot_tables(
     from ..mirroring.names import DEFAULT_HISTORY_PATH, DEFAULT_TABLE_PATH, catalog_name, mirror_path, register
     from ..mirroring.schema import apply_schema, plan_schema
 
+    require_classic(spark, "snapshot")
     if (slot is None) == (tables is None):
         raise CaptureError("pass either slot (a new pipeline) or tables (a re-snapshot), not both")
     template = table_path or DEFAULT_TABLE_PATH

@@ -37,6 +37,7 @@ from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError, ConfigError
 from ..lsn import Lsn
+from ..spark.connect import require_classic
 from .delta_landing import DeltaLanding
 from .landing import ParquetLanding
 from .options import PluginOptions
@@ -155,6 +156,7 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     primary-key values whose rows differ. `selection` (the configuration's ``tables``): the tables
     mirrored, and the columns kept as text.
     """
+    require_classic(spark, "verify")
     from ..capture import _is_delta
     from ..mirroring.names import DEFAULT_TABLE_PATH, mirror_path
     from ..reading import ChangeFeedStatus, status

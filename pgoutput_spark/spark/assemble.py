@@ -33,6 +33,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
+from .connect import for_tasks
 from .session import local_frame, one_row, release
 from .sessions import Sessions
 
@@ -241,14 +242,14 @@ def _by_window(messages: DataFrame, start: ScanState, summary: _Summary,
 
 def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, DataFrame]:
     """The last Begin seq and Stream Start xid at each message, by a binary search of the run's
-    Begin and Stream Start seqs (collected to the driver and broadcast). No shuffle: only the
+    Begin and Stream Start seqs (collected to the driver and broadcast: `for_tasks`). No shuffle: only the
     seq column goes through a Python worker."""
     found = messages.where(_is_begin() | _is_start()).select(
         "seq", _is_start().alias("is_start"), F.col("stream_start.xid").alias("xid")).toArrow()
     bounds = Boundaries.of(found.column("seq").to_numpy(),
                            found.column("is_start").to_numpy(zero_copy_only=False),
                            found.column("xid").to_numpy(zero_copy_only=False), start)
-    shared = messages.sparkSession.sparkContext.broadcast(bounds)
+    shared = for_tasks(messages.sparkSession, bounds)
 
     def series(values: np.ndarray, valid: np.ndarray, index: pd.Index) -> pd.Series:
         out = pd.array(values, dtype="Int64")
@@ -257,11 +258,11 @@ def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, D
 
     @pandas_udf("long")  # type: ignore[call-overload]
     def last_begin(at: pd.Series) -> pd.Series:
-        return series(*shared.value.last_begin(at.to_numpy()), at.index)
+        return series(*shared().last_begin(at.to_numpy()), at.index)
 
     @pandas_udf("long")  # type: ignore[call-overload]
     def last_start_xid(at: pd.Series) -> pd.Series:
-        return series(*shared.value.last_start_xid(at.to_numpy()), at.index)
+        return series(*shared().last_start_xid(at.to_numpy()), at.index)
 
     return last_begin(F.col("seq")), last_start_xid(F.col("seq")), messages
 

@@ -12,6 +12,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.relations import RelationHistory, versions_from_rows
 from ..assemble.typed import change_schema, typed_changes
+from .connect import for_tasks
 
 if TYPE_CHECKING:
     from ..config import TablesConfig
@@ -93,13 +94,14 @@ def converter(spark: SparkSession, relation_id: int, history: RelationHistory,
               schema: pa.Schema, *, local: bool = False) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
     """A function for Python tasks: a batch of `relation_rows` to typed change rows (``schema``).
 
-    ``local``: for the driver itself, which reads ``history`` where it is (no broadcast)."""
+    ``local``: for the driver itself, which reads ``history`` where it is (no broadcast).
+    Otherwise the tasks get it by `for_tasks`."""
     if local:
         return lambda batch: typed_changes(batch, relation_id, history, schema)
-    shared = spark.sparkContext.broadcast(history)
+    shared = for_tasks(spark, history)
 
     def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
-        return typed_changes(batch, relation_id, shared.value, schema)
+        return typed_changes(batch, relation_id, shared(), schema)
 
     return convert
 

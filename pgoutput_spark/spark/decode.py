@@ -4,11 +4,12 @@ Two passes over the capture:
 
 1. a cheap scan of the first byte of each message (past any XLogData frame)
    keeps only Stream Start / Stop messages; their seqs are collected and
-   broadcast (`StreamEvents`: two numbers per streamed chunk); with
+   broadcast (`StreamEvents`: two numbers per streamed chunk; in a Spark Connect
+   session, which has no broadcasts, sent with the task's function); with
    ``positions``, also the Begin / Begin Prepare seqs and Stream Start xids
    (`Boundaries`: one number per transaction or stream segment);
 2. ``mapInArrow`` decodes each Arrow batch with the vectorized decoder, looking
-   up each row's stream state (and its block and stream) in the broadcast
+   up each row's stream state (and its block and stream) in those
    events, so a stream block can span partitions and files in any layout.
 
 Nothing else reaches the driver, and a task holds one Arrow batch
@@ -36,6 +37,7 @@ from ..decoder.schema import DECODED_SCHEMA
 from ..decoder.stream import StreamEvents
 from ..errors import ConfigError
 from .assemble import IN_BLOCK_TYPES, LOOKUP_LIMIT, POSITION_COLUMNS, Boundaries, ScanState
+from .connect import for_tasks
 from .sessions import Sessions, find_sessions
 
 OnError = Literal["fail", "quarantine"]
@@ -184,7 +186,7 @@ def decode(
         sessions = find_sessions(canonical, None)
     events, bounds = _first_pass(canonical, framing, initially_in_stream, positions,
                                  None if sessions is None else sessions.starts)
-    shared = capture.sparkSession.sparkContext.broadcast((events.seq, events.is_start, bounds))
+    shared = for_tasks(capture.sparkSession, (events.seq, events.is_start, bounds))
     fail = on_error == "fail"
     fields = [T.StructField("raw", T.StringType()) if f.name == "raw" and raw_as_string else f
               for f in DECODED_SPARK_SCHEMA.fields]
@@ -194,7 +196,7 @@ def decode(
     at_raw = DECODED_SCHEMA.get_field_index("raw")
 
     def decode_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        event_seq, event_is_start, bounds = shared.value
+        event_seq, event_is_start, bounds = shared()
         stream = StreamEvents(event_seq, event_is_start)
         for batch in batches:
             seq = batch.column("seq").to_numpy(zero_copy_only=False)

@@ -6,7 +6,9 @@ landing's information file, the files a vacuum deletes) through the same Hadoop
 file systems, with the session's settings (``spark.hadoop.*``, credentials): a
 path is a local path or a URI, never opened as a local file unless it is one.
 A file written on the driver is uploaded (`upload`), so that executors on other
-machines read it from the target's storage.
+machines read it from the target's storage. In a Spark Connect session, which
+has no JVM here, `exists` asks Spark's readers instead and `read_text` reads the
+file from this process (what `read_capture` needs); the rest needs a classic session.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from .connect import is_connect
 from .jvm import jvm_class
 
 if TYPE_CHECKING:
@@ -51,12 +54,24 @@ def hadoop(spark: SparkSession, path: str) -> tuple[Any, Any]:
 
 
 def exists(spark: SparkSession, path: str) -> bool:
+    if is_connect(spark):  # no JVM here: ask Spark's file index (which lists a folder it finds)
+        from pyspark.errors import AnalysisException
+
+        try:
+            spark.read.format("binaryFile").load(path).schema
+        except AnalysisException as exc:
+            if exc.getCondition() == "PATH_NOT_FOUND":
+                return False
+            raise
+        return True
     hadoop_path, fs = hadoop(spark, path)
     return bool(fs.exists(hadoop_path))
 
 
 def read_text(spark: SparkSession, path: str) -> str | None:
     """The UTF-8 text of the file at ``path``, or None where there is none."""
+    if is_connect(spark):
+        return _client_text(path) if exists(spark, path) else None
     hadoop_path, fs = hadoop(spark, path)
     if not fs.exists(hadoop_path):
         return None
@@ -66,6 +81,27 @@ def read_text(spark: SparkSession, path: str) -> str | None:
         return str(io_utils.toString(stream, "UTF-8"))
     finally:
         stream.close()
+
+
+def _client_text(path: str) -> str:
+    """The UTF-8 text of the file at ``path`` (which Spark finds), read by this process: Spark's
+    readers skip files named with ``_`` or ``.`` even when named, as a landing's record is."""
+    from ..errors import CaptureError
+    from ..slot.landing import arrow_filesystem
+
+    try:
+        local = local_folder(path)
+        if local is not None:
+            return local.read_text(encoding="utf-8")
+        found = arrow_filesystem(path)
+        assert found is not None  # a URI other than file:
+        fs, inner = found
+        with fs.open_input_stream(inner) as stream:
+            return bytes(stream.read()).decode("utf-8")
+    except (OSError, CaptureError) as exc:
+        raise CaptureError(f"{path}: a Spark Connect session's Spark skips this file, and this process cannot "
+                           f"read it either ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                           f"read the capture where the file is reachable, or in a classic session") from exc
 
 
 def upload(spark: SparkSession, local: Path, path: str) -> None:

@@ -1,0 +1,54 @@
+"""Spark Connect sessions: what works in them, and a clear refusal for the rest.
+
+A Spark Connect session (``SparkSession.builder.remote(...)``, ``SPARK_REMOTE``,
+``spark.api.mode=connect``, notebooks on compute that offers only Spark Connect)
+is a client of a Spark driver elsewhere: it sends plans, and has no driver JVM
+to call and no ``sparkContext``. Reading a capture (`pgoutput_spark.capture.read_capture`),
+decoding it (`pgoutput_spark.spark.decode.decode`, `quarantined`) and its typed changes
+(`pgoutput_spark.spark.changes.change_frames`, the notebook's ``changes``) need neither
+and work in it: what their tasks share goes with the task's function (`for_tasks`), and
+`pgoutput_spark.spark.files` asks Spark's readers whether a file is there. The jobs and the
+rest of the notebook API (`run_apply`, `run_changes`, `status`, `mirror`, `history`,
+`snapshot_tables`, `verify_mirrors`, a Delta landing of `capture_slot`) work with Delta's
+log and the file system through the driver's JVM: given such a session they raise
+`ConfigError` before they read or write anything (`require_classic`), instead of failing
+on PySpark's refusal of ``sparkContext`` somewhere inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+
+__all__ = ["for_tasks", "is_connect", "require_classic"]
+
+T = TypeVar("T")
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (by its class: PySpark's Spark Connect
+    client is imported only where one was made)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark: Any, what: str) -> None:
+    """`ConfigError` where ``spark`` is a Spark Connect session, naming ``what`` needs a classic one."""
+    if is_connect(spark):
+        raise ConfigError(
+            f"{what} needs a classic Spark session: it works with Delta's log and the file system through "
+            f"the driver's JVM, which a Spark Connect session has no access to; nothing was read or written. "
+            f"Run it with spark-submit or the pgoutput-spark command, or in a classic session "
+            f"(SparkSession.builder without remote(), SPARK_REMOTE unset, spark.api.mode classic). "
+            f"read_capture, decode, quarantined and changes work in a Spark Connect session")
+
+
+def for_tasks(spark: Any, value: T) -> Callable[[], T]:
+    """``value`` for the functions Spark's tasks run (called in the task): a broadcast in a
+    classic session, sent once to each executor; in a Spark Connect session, which has no
+    broadcasts, pickled with the function itself (keep it small there)."""
+    if is_connect(spark):
+        return lambda: value
+    held = spark.sparkContext.broadcast(value)
+    return lambda: held.value

@@ -1,0 +1,184 @@
+"""A Spark Connect session: `read_capture`, `decode` and `changes` work in it, the rest refuses it.
+
+The Spark Connect session is a client of a local Spark Connect server that PySpark starts
+(``SparkSession.builder.remote("local[1]")``), in a process of its own: a Spark Connect client
+changes how PySpark builds columns in its whole process. Its results are compared with the
+test session's (a classic one) on the same captures, and its changes with what PostgreSQL's
+``test_decoding`` saw on a twin slot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pgoutput_spark import changes, decode, read_capture
+from pgoutput_spark.slot.capture import capture_slot
+
+from .plugins.postgres import new_database
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Run in the Spark Connect client's process: the same captures decoded and their changes typed,
+# each frame's rows as JSON (Spark's own rendering, the same in both sessions), and the
+# refusals of what needs a classic session.
+_CLIENT = r"""
+import json, sys
+from delta import configure_spark_with_delta_pip
+from pyspark.sql import SparkSession, functions as F
+
+args = json.loads(sys.argv[1])
+builder = SparkSession.builder.remote("local[1]")
+for key, value in args["conf"].items():
+    builder = builder.config(key, value)
+spark = configure_spark_with_delta_pip(builder).getOrCreate()
+
+from pgoutput_spark import CaptureError, ConfigError, changes, decode, history, mirror, read_capture, status
+from pgoutput_spark.apply import run_apply
+from pgoutput_spark.changefeed import run_changes
+from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.snapshot import snapshot_tables
+from pgoutput_spark.slot.verify import verify_mirrors
+from pgoutput_spark.spark.connect import is_connect
+
+def lines(frame):
+    return sorted(r[0] for r in frame.select(F.to_json(F.struct(*frame.columns))).collect())
+
+out = {"connect": is_connect(spark), "decoded": {}, "refused": {}}
+for name, path in args["captures"].items():
+    decoded = decode(read_capture(spark, path), on_error="quarantine")
+    out["decoded"][name] = lines(decoded)
+    if name == "landing":
+        out["changes"] = {table: lines(frame) for table, frame in changes(decoded).items()}
+try:
+    read_capture(spark, args["missing"])
+except CaptureError as exc:
+    out["missing"] = str(exc)
+
+capture, target, dsn = read_capture(spark, args["captures"]["landing"]), args["target"], args["dsn"]
+refusals = {
+    "apply": lambda: run_apply(spark, capture, target),
+    "the changes job": lambda: run_changes(spark, capture, target),
+    "status": lambda: status(spark, target),
+    "mirror": lambda: mirror(spark, target, "public.t"),
+    "history": lambda: history(spark, target, "public.t"),
+    "snapshot": lambda: snapshot_tables(spark, target, publications=["pub"], dsn=dsn),
+    "verify": lambda: verify_mirrors(spark, target, args["captures"]["landing"], dsn=dsn),
+    "a Delta landing": lambda: capture_slot(args["delta_landing"], slot=args["slot"], dsn=dsn,
+                                            publications=["pub"], format="delta", spark=spark),
+}
+for what, call in refusals.items():
+    try:
+        call()
+    except ConfigError as exc:
+        out["refused"][what] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _lines(frame: DataFrame) -> list[str]:
+    return sorted(r[0] for r in frame.select(F.to_json(F.struct(*frame.columns))).collect())
+
+
+def _kinds(lines: list[str], relation_ids: set[int]) -> Counter[str]:
+    """Decoded Insert / Update / Delete messages of ``relation_ids``, by kind."""
+    rows = [json.loads(line) for line in lines]
+    return Counter(r["message_type"] for r in rows
+                   if r["message_type"] in ("insert", "update", "delete")
+                   and r["change"]["relation_id"] in relation_ids)
+
+
+def _slot_position(pg: Any, db: str) -> Any:
+    return pg.query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (f"{db}_parquet",))
+
+
+@pytest.mark.spark
+@pytest.mark.postgres
+def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the_jobs_refuse_it(
+        spark: Any, pg15: Any, tmp_path: Path) -> None:
+    db = new_database(pg15, "connect")
+    pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(8, 2), at timestamptz, b bytea);"
+                 " CREATE PUBLICATION pub FOR TABLE t", dbname=db)
+    for name in ("parquet", "delta", "oracle"):
+        pg15.create_slot(f"{db}_{name}", "test_decoding" if name == "oracle" else "pgoutput", dbname=db)
+    pg15.execute("INSERT INTO t SELECT i, repeat('x', i), i * 1.5, '2026-12-05 12:00+00'::timestamptz"
+                 " + i * interval '1 hour', int4send(i) FROM generate_series(1, 40) i;"
+                 " UPDATE t SET v = 'changed', n = NULL WHERE id % 3 = 0;"
+                 " UPDATE t SET id = id + 100 WHERE id % 7 = 0;"
+                 " DELETE FROM t WHERE id % 5 = 0", dbname=db)
+    landing, delta_landing = tmp_path / "landing", tmp_path / "delta_landing"
+    capture_slot(str(landing), slot=f"{db}_parquet", dsn=pg15.conninfo(db), publications=["pub"],
+                 proto_version=2, chunk_size=20)
+    capture_slot(str(delta_landing), slot=f"{db}_delta", dsn=pg15.conninfo(db), publications=["pub"],
+                 proto_version=1, chunk_size=20, format="delta", spark=spark)
+    captures = {"sample": str(ROOT / "examples" / "sample_capture"), "landing": str(landing),
+                "delta": str(delta_landing)}
+    target = tmp_path / "target"
+    args = {
+        "captures": captures, "missing": str(tmp_path / "nothing"), "target": str(target),
+        "dsn": pg15.conninfo(db), "slot": f"{db}_parquet", "delta_landing": str(tmp_path / "refused_landing"),
+        "conf": {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+                 "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+                 "spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "2",
+                 "spark.databricks.delta.snapshotPartitions": "1", "spark.ui.enabled": "false"},
+    }
+    position = _slot_position(pg15, db)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", _CLIENT, json.dumps(args)], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["connect"] is True
+
+    # The same rows as the classic session's: the sample capture's streamed transactions, and
+    # PostgreSQL's messages as `capture` lands them in Parquet (its landing record read) and in Delta.
+    for name, path in captures.items():
+        decoded = decode(read_capture(spark, path), on_error="quarantine")
+        assert got["decoded"][name] == _lines(decoded), name
+        if name == "landing":
+            assert got["changes"] == {table: _lines(frame) for table, frame in changes(decoded).items()}
+    assert got["changes"].keys() == {"public.t"}
+    assert got["missing"] == f"can't read capture {str(tmp_path / 'nothing')!r}: it does not exist"
+
+    # And the changes PostgreSQL decoded on its own slot, by kind.
+    oracle = Counter(text.split(":")[1].strip() for _, _, text in pg15.peek_test_decoding(f"{db}_oracle", dbname=db)
+                     if text.startswith("table public.t:"))
+    relation_ids = {json.loads(line)["relation"]["relation_id"] for line in got["decoded"]["landing"]
+                    if json.loads(line)["message_type"] == "relation"}
+    for name in ("landing", "delta"):
+        kinds = _kinds(got["decoded"][name], relation_ids)
+        assert kinds == {k.lower(): n for k, n in oracle.items()} and len(kinds) == 3, name
+    assert len(got["changes"]["public.t"]) == sum(oracle.values())
+
+    # What needs the driver's JVM refuses the session before it reads or writes anything.
+    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "status", "mirror", "history", "snapshot",
+                                             "verify", "a Delta landing"])
+    for what, message in got["refused"].items():
+        assert message.startswith(f"{what} needs a classic Spark session: "), message
+        assert "nothing was read or written" in message and "read_capture, decode" in message
+    assert not target.exists() and not (tmp_path / "refused_landing").exists()
+    assert _slot_position(pg15, db) == position  # the refused capture read nothing of the slot
+
+
+def test_a_file_spark_skips_and_this_process_cannot_read_is_named(tmp_path: Path) -> None:
+    """In a Spark Connect session a landing's record is read by the client's process, which may
+    not reach the server's files: then the capture is not read unchecked."""
+    from pgoutput_spark.errors import CaptureError
+    from pgoutput_spark.spark.files import _client_text
+
+    record = tmp_path / "_pgoutput_capture.json"
+    record.write_text('{"settings": {}}', encoding="utf-8")
+    assert _client_text(str(record)) == '{"settings": {}}' == _client_text(record.as_uri())
+    with pytest.raises(CaptureError, match=r"_gone\.json: a Spark Connect session's Spark skips this file, and this "
+                                           r"process cannot read it either \(.*No such file"):
+        _client_text(str(tmp_path / "_gone.json"))

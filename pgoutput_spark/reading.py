@@ -20,7 +20,6 @@ from .lsn import Lsn
 from .mirroring.deltalog import METADATA_KEY, recorded_commits, row_count
 from .mirroring.names import DEFAULT_HISTORY_PATH, mirror_path, path_table, quote
 from .results import utc_from_micros, utc_text
-from .spark.connect import require_classic
 from .spark.session import one_row
 
 
@@ -170,7 +169,6 @@ def status(spark: SparkSession, target: str, pipeline: str = "default", *, last:
     A change feed's target (`pgoutput_spark.changefeed.run_changes`) gives a `ChangeFeedStatus`:
     its position and finished runs.
     """
-    require_classic(spark, "status")
     if last is not None and last < 0:
         raise ValueError(f"last must be 0 or more, not {last}")
     ledger = Ledger(spark, target, pipeline)
@@ -291,7 +289,6 @@ def mirror(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | str
     naming the nearest LSNs that can, as does an LSN past the consistent read
     point (not applied yet) or before a snapshot the mirror started from.
     """
-    require_classic(spark, "mirror")
     ledger = Ledger(spark, target, pipeline)
     state = _status(spark, target, pipeline, count=False, runs=0)  # the mirrors' paths, not their rows
     paths = {t: p for t, (p, _) in state.mirrors.items()}
@@ -345,7 +342,6 @@ def history(spark: SparkSession, target: str, table: str, *, as_of_lsn: int | st
     """
     from .mirroring.history import HISTORY_NAMES
 
-    require_classic(spark, "history")
     ledger = Ledger(spark, target, pipeline)
     schema, _, name = table.partition(".")
     path = mirror_path(ledger.root, schema, name, history_path)

@@ -1,10 +1,11 @@
-"""A Spark Connect session: `read_capture`, `decode` and `changes` work in it, the rest refuses it.
+"""A Spark Connect session: the capture's reads (`read_capture`, `decode`, `changes`) and the
+target's (`status`, `mirror`, `history`) work in it; the jobs refuse it.
 
 The Spark Connect session is a client of a local Spark Connect server that PySpark starts
 (``SparkSession.builder.remote("local[1]")``), in a process of its own: a Spark Connect client
 changes how PySpark builds columns in its whole process. Its results are compared with the
-test session's (a classic one) on the same captures, and its changes with what PostgreSQL's
-``test_decoding`` saw on a twin slot.
+test session's (a classic one) on the same captures and target, its changes with what
+PostgreSQL's ``test_decoding`` saw on a twin slot, and the mirror with PostgreSQL's table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pgoutput_spark import changes, decode, read_capture
+from pgoutput_spark import changes, decode, history, mirror, read_capture, status
+from pgoutput_spark.apply import run_apply
+from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.slot.capture import capture_slot
 
 from .plugins.postgres import new_database
@@ -64,13 +68,18 @@ try:
 except CaptureError as exc:
     out["missing"] = str(exc)
 
-capture, target, dsn = read_capture(spark, args["captures"]["landing"]), args["target"], args["dsn"]
+target = args["target"]  # a classic session's apply wrote it
+state = status(spark, target)
+out["status"] = [state.read_point, state.position, sorted(state.mirrors.items())]
+out["mirror"] = lines(mirror(spark, target, "public.t"))
+out["mirror_then"] = lines(mirror(spark, target, "public.t", as_of_lsn=state.read_point))
+out["history"] = lines(history(spark, target, "public.t"))
+out["history_then"] = lines(history(spark, target, "public.t", as_of_lsn=state.read_point))
+
+capture, target, dsn = read_capture(spark, args["captures"]["landing"]), args["refused_target"], args["dsn"]
 refusals = {
     "apply": lambda: run_apply(spark, capture, target),
     "the changes job": lambda: run_changes(spark, capture, target),
-    "status": lambda: status(spark, target),
-    "mirror": lambda: mirror(spark, target, "public.t"),
-    "history": lambda: history(spark, target, "public.t"),
     "snapshot": lambda: snapshot_tables(spark, target, publications=["pub"], dsn=dsn),
     "verify": lambda: verify_mirrors(spark, target, args["captures"]["landing"], dsn=dsn),
     "a Delta landing": lambda: capture_slot(args["delta_landing"], slot=args["slot"], dsn=dsn,
@@ -123,9 +132,11 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
                  proto_version=1, chunk_size=20, format="delta", spark=spark)
     captures = {"sample": str(ROOT / "examples" / "sample_capture"), "landing": str(landing),
                 "delta": str(delta_landing)}
-    target = tmp_path / "target"
+    target, refused = tmp_path / "target", tmp_path / "refused_target"
+    run_apply(spark, read_capture(spark, str(landing)), str(target), tables=TablesConfig(history=("public.t",)))
     args = {
         "captures": captures, "missing": str(tmp_path / "nothing"), "target": str(target),
+        "refused_target": str(refused),
         "dsn": pg15.conninfo(db), "slot": f"{db}_parquet", "delta_landing": str(tmp_path / "refused_landing"),
         "conf": {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
                  "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -160,13 +171,22 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
         assert kinds == {k.lower(): n for k, n in oracle.items()} and len(kinds) == 3, name
     assert len(got["changes"]["public.t"]) == sum(oracle.values())
 
+    # The target as the classic session reads it, and the mirror as PostgreSQL has the table.
+    state = status(spark, str(target))
+    assert got["status"] == json.loads(json.dumps([state.read_point, state.position, sorted(state.mirrors.items())]))
+    assert got["mirror"] == got["mirror_then"] == _lines(mirror(spark, str(target), "public.t"))
+    assert got["history"] == _lines(history(spark, str(target), "public.t"))
+    assert got["history_then"] == _lines(history(spark, str(target), "public.t", as_of_lsn=state.read_point))
+    mirrored = [json.loads(line, parse_float=Decimal) for line in got["mirror"]]  # NULLs left out
+    assert sorted((r["id"], r["v"], r.get("n")) for r in mirrored) == \
+        sorted(pg15.query("SELECT id, v, n FROM t", dbname=db), key=lambda r: r[0])
+
     # What needs the driver's JVM refuses the session before it reads or writes anything.
-    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "status", "mirror", "history", "snapshot",
-                                             "verify", "a Delta landing"])
+    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "snapshot", "verify", "a Delta landing"])
     for what, message in got["refused"].items():
         assert message.startswith(f"{what} needs a classic Spark session: "), message
         assert "nothing was read or written" in message and "read_capture, decode" in message
-    assert not target.exists() and not (tmp_path / "refused_landing").exists()
+    assert not refused.exists() and not (tmp_path / "refused_landing").exists()
     assert _slot_position(pg15, db) == position  # the refused capture read nothing of the slot
 
 

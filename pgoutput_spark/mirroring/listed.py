@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
 from .deltalog import (
     DELTA,
@@ -72,7 +73,11 @@ def read_listed(spark: SparkSession, path: str) -> DataFrame:
     A table the caller then changes with Delta's own commands gains nothing: they reconstruct
     the state to find their files (Delta's reader leaves it in Delta's cache for them). The
     target's lease and ``pending`` are changed over the same listed files instead
-    (`update_listed`, `delete_listed`, `delta.txn_append`'s overwrite with ``replaced``)."""
+    (`update_listed`, `delete_listed`, `delta.txn_append`'s overwrite with ``replaced``).
+
+    In a Spark Connect session, which reaches no JVM, Delta's reader."""
+    if is_connect(spark):
+        return spark.read.format("delta").load(path)
     snapshot = snapshot_now(spark, path)
     listed = listed_files(spark, snapshot)
     if listed is not None:

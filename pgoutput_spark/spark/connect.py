@@ -3,16 +3,18 @@
 A Spark Connect session (``SparkSession.builder.remote(...)``, ``SPARK_REMOTE``,
 ``spark.api.mode=connect``, notebooks on compute that offers only Spark Connect)
 is a client of a Spark driver elsewhere: it sends plans, and has no driver JVM
-to call and no ``sparkContext``. Reading a capture (`pgoutput_spark.capture.read_capture`),
-decoding it (`pgoutput_spark.spark.decode.decode`, `quarantined`) and its typed changes
-(`pgoutput_spark.spark.changes.change_frames`, the notebook's ``changes``) need neither
-and work in it: what their tasks share goes with the task's function (`for_tasks`), and
-`pgoutput_spark.spark.files` asks Spark's readers whether a file is there. The jobs and the
-rest of the notebook API (`run_apply`, `run_changes`, `status`, `mirror`, `history`,
-`snapshot_tables`, `verify_mirrors`, a Delta landing of `capture_slot`) work with Delta's
-log and the file system through the driver's JVM: given such a session they raise
-`ConfigError` before they read or write anything (`require_classic`), instead of failing
-on PySpark's refusal of ``sparkContext`` somewhere inside.
+to call and no ``sparkContext``. The notebook API's reads work in it: a capture
+(`pgoutput_spark.capture.read_capture`), decoded (`pgoutput_spark.spark.decode.decode`,
+`quarantined`), its typed changes (`pgoutput_spark.spark.changes.change_frames`, the
+notebook's ``changes``), and a target (`pgoutput_spark.reading.status`, `mirror`,
+`history`). What their tasks share goes with the task's function there (`for_tasks`),
+`pgoutput_spark.spark.files` asks Spark's readers whether a file is there, and the
+target's tables are read and counted by Delta's reader (`mirroring.listed.read_listed`,
+`mirroring.deltalog.row_count`). The jobs (`run_apply`, `run_changes`, `snapshot_tables`,
+`verify_mirrors`, a Delta landing of `capture_slot`) commit to Delta's log and work with
+the file system through the driver's JVM: given such a session they raise `ConfigError`
+before they read or write anything (`require_classic`), instead of failing on PySpark's
+refusal of ``sparkContext`` somewhere inside.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ def require_classic(spark: Any, what: str) -> None:
     """`ConfigError` where ``spark`` is a Spark Connect session, naming ``what`` needs a classic one."""
     if is_connect(spark):
         raise ConfigError(
-            f"{what} needs a classic Spark session: it works with Delta's log and the file system through "
-            f"the driver's JVM, which a Spark Connect session has no access to; nothing was read or written. "
-            f"Run it with spark-submit or the pgoutput-spark command, or in a classic session "
+            f"{what} needs a classic Spark session: it commits to Delta's log and works with the file system "
+            f"through the driver's JVM, which a Spark Connect session has no access to; nothing was read or "
+            f"written. Run it with spark-submit or the pgoutput-spark command, or in a classic session "
             f"(SparkSession.builder without remote(), SPARK_REMOTE unset, spark.api.mode classic). "
-            f"read_capture, decode, quarantined and changes work in a Spark Connect session")
+            f"read_capture, decode, quarantined, changes, status, mirror and history work in a Spark Connect "
+            f"session")
 
 
 def for_tasks(spark: Any, value: T) -> Callable[[], T]:

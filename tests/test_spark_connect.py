@@ -202,3 +202,43 @@ def test_a_file_spark_skips_and_this_process_cannot_read_is_named(tmp_path: Path
     with pytest.raises(CaptureError, match=r"_gone\.json: a Spark Connect session's Spark skips this file, and this "
                                            r"process cannot read it either \(.*No such file"):
         _client_text(str(tmp_path / "_gone.json"))
+
+
+@pytest.mark.parametrize("env, conf, asked", [
+    ({"SPARK_REMOTE": "sc://localhost:15002"}, None, "SPARK_REMOTE=sc://localhost:15002"),
+    ({"SPARK_API_MODE": "connect"}, None, "SPARK_API_MODE=connect"),
+    ({}, {"spark.api.mode": "connect"}, "spark.api.mode=connect"),
+    ({}, {"spark.remote": "sc://spark.example:15002"}, "spark.remote=sc://spark.example:15002"),
+])
+def test_a_session_asked_of_spark_connect_is_refused_before_anything_starts(monkeypatch, capsys, env, conf, asked):
+    """What would make PySpark's builder return a Spark Connect session, `build_spark_session` and
+    so every command refuse, naming it (the test's own session is untouched: nothing starts)."""
+    from pgoutput_spark import ConfigError, build_spark_session
+    from pgoutput_spark.cli import main
+    from pgoutput_spark.spark.connect import asks_for_connect
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert asks_for_connect(conf) == asked
+    with pytest.raises(ConfigError, match=rf"^{asked} asks PySpark for a Spark Connect session, and pgoutput-spark "
+                                          r"builds classic ones: .* nothing was started"):
+        build_spark_session(master="local[1]", conf=conf)
+    if conf is None:
+        assert main(["decode", "--capture", str(ROOT / "examples" / "sample_capture")]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"pgoutput-spark: error: {asked} asks PySpark for a Spark Connect session, and "
+                       f"pgoutput-spark builds classic ones: its jobs need the driver's JVM; nothing was started. "
+                       f"Unset it to run them here; in a notebook on Spark Connect, pass its own session to "
+                       f"read_capture, decode, changes, status, mirror and history"]
+
+
+def test_a_classic_api_mode_chosen_in_conf_wins_over_the_environment(monkeypatch):
+    from pgoutput_spark.spark.connect import asks_for_connect
+
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
+    monkeypatch.setenv("SPARK_API_MODE", "connect")
+    assert asks_for_connect({"spark.api.mode": "classic"}) is None
+    assert asks_for_connect(None) == "SPARK_API_MODE=connect"
+    monkeypatch.delenv("SPARK_API_MODE")
+    assert asks_for_connect({"spark.api.mode": "CLASSIC"}) is None and asks_for_connect(None) is None

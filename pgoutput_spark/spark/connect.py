@@ -14,17 +14,19 @@ target's tables are read and counted by Delta's reader (`mirroring.listed.read_l
 `verify_mirrors`, a Delta landing of `capture_slot`) commit to Delta's log and work with
 the file system through the driver's JVM: given such a session they raise `ConfigError`
 before they read or write anything (`require_classic`), instead of failing on PySpark's
-refusal of ``sparkContext`` somewhere inside.
+refusal of ``sparkContext`` somewhere inside; `build_spark_session` refuses to build one
+(`asks_for_connect`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
 
-__all__ = ["for_tasks", "is_connect", "require_classic"]
+__all__ = ["asks_for_connect", "for_tasks", "is_connect", "require_classic"]
 
 T = TypeVar("T")
 
@@ -33,6 +35,22 @@ def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (by its class: PySpark's Spark Connect
     client is imported only where one was made)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def asks_for_connect(conf: Mapping[str, str] | None = None) -> str | None:
+    """What would make PySpark's session builder return a Spark Connect session (``name=value``),
+    given the builder's ``conf`` and this process's environment; None for a classic one."""
+    settings = conf or {}
+    if "spark.remote" in settings:
+        return f"spark.remote={settings['spark.remote']}"
+    if settings.get("spark.api.mode", "").lower() == "connect":
+        return "spark.api.mode=connect"
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):  # the second: a client made here
+        if name in os.environ:
+            return f"{name}={os.environ[name]}"
+    if os.environ.get("SPARK_API_MODE", "").lower() == "connect" and "spark.api.mode" not in settings:
+        return "SPARK_API_MODE=connect"
+    return None
 
 
 def require_classic(spark: Any, what: str) -> None:

@@ -22,7 +22,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..config import LOCAL_SPARK_CONF
-from ..errors import SparkStartError
+from ..errors import ConfigError, SparkStartError
+from .connect import asks_for_connect
 from .failures import note_session, spark_failure
 from .localfs import java_command, local_fs_settings
 
@@ -90,8 +91,18 @@ def build_spark_session(
     unless the session already has it (``spark.jars.packages`` given in ``conf``).
     A JVM this call starts that exits before Spark is up (no Java, or a Java Spark does not
     run on) raises `SparkStartError` saying which java and what to do (`jvm_start_failure`).
+    Where the environment or ``conf`` asks PySpark for a Spark Connect session
+    (`connect.asks_for_connect`), `ConfigError` before anything starts: the sessions built
+    here are classic ones, which the jobs need.
     """
     from delta import configure_spark_with_delta_pip
+
+    asked = asks_for_connect(conf)
+    if asked is not None:
+        raise ConfigError(
+            f"{asked} asks PySpark for a Spark Connect session, and pgoutput-spark builds classic ones: its "
+            f"jobs need the driver's JVM; nothing was started. Unset it to run them here; in a notebook on "
+            f"Spark Connect, pass its own session to read_capture, decode, changes, status, mirror and history")
 
     if "PYSPARK_PYTHON" not in os.environ:
         # Python workers run the driver's interpreter (the project's venv), not

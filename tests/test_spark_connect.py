@@ -19,11 +19,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pgoutput_spark import changes, decode, history, mirror, read_capture, status
+from pgoutput_spark import changes, decode, history, mirror, quarantined, read_capture, status
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.slot.capture import capture_slot
@@ -46,7 +48,8 @@ for key, value in args["conf"].items():
     builder = builder.config(key, value)
 spark = configure_spark_with_delta_pip(builder).getOrCreate()
 
-from pgoutput_spark import CaptureError, ConfigError, changes, decode, history, mirror, read_capture, status
+from pgoutput_spark import (CaptureError, ConfigError, changes, decode, history, mirror, quarantined, read_capture,
+                            status)
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.slot.capture import capture_slot
@@ -57,10 +60,11 @@ from pgoutput_spark.spark.connect import is_connect
 def lines(frame):
     return sorted(r[0] for r in frame.select(F.to_json(F.struct(*frame.columns))).collect())
 
-out = {"connect": is_connect(spark), "decoded": {}, "refused": {}}
+out = {"connect": is_connect(spark), "decoded": {}, "quarantined": {}, "refused": {}}
 for name, path in args["captures"].items():
     decoded = decode(read_capture(spark, path), on_error="quarantine")
     out["decoded"][name] = lines(decoded)
+    out["quarantined"][name] = lines(quarantined(decoded))
     if name == "landing":
         out["changes"] = {table: lines(frame) for table, frame in changes(decoded).items()}
 try:
@@ -130,8 +134,13 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
                  proto_version=2, chunk_size=20)
     capture_slot(str(delta_landing), slot=f"{db}_delta", dsn=pg15.conninfo(db), publications=["pub"],
                  proto_version=1, chunk_size=20, format="delta", spark=spark)
+    bad = tmp_path / "bad"  # a Begin and an Insert cut short, between whole messages
+    bad.mkdir()
+    pq.write_table(pa.table({"seq": pa.array([0, 1, 2, 3], pa.int64()), "lsn": pa.array([1, 1, 2, 3], pa.int64()),
+                             "data": [b"B" + bytes(20), b"B\x00\x01", b"I\x00\x00\x40\x00N\x00\x01t",
+                                      b"C" + bytes(25)]}), bad / "part-0.parquet")
     captures = {"sample": str(ROOT / "examples" / "sample_capture"), "landing": str(landing),
-                "delta": str(delta_landing)}
+                "delta": str(delta_landing), "bad": str(bad)}
     target, refused = tmp_path / "target", tmp_path / "refused_target"
     run_apply(spark, read_capture(spark, str(landing)), str(target), tables=TablesConfig(history=("public.t",)))
     args = {
@@ -156,9 +165,12 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
     for name, path in captures.items():
         decoded = decode(read_capture(spark, path), on_error="quarantine")
         assert got["decoded"][name] == _lines(decoded), name
+        assert got["quarantined"][name] == _lines(quarantined(decoded)), name
         if name == "landing":
             assert got["changes"] == {table: _lines(frame) for table, frame in changes(decoded).items()}
     assert got["changes"].keys() == {"public.t"}
+    assert [json.loads(line)["seq"] for line in got["quarantined"]["bad"]] == [1, 2]
+    assert not any(got["quarantined"][name] for name in ("sample", "landing", "delta"))
     assert got["missing"] == f"can't read capture {str(tmp_path / 'nothing')!r}: it does not exist"
 
     # And the changes PostgreSQL decoded on its own slot, by kind.

@@ -156,11 +156,11 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     primary-key values whose rows differ. `selection` (the configuration's ``tables``): the tables
     mirrored, and the columns kept as text.
     """
-    require_classic(spark, "verify")
     from ..capture import _is_delta
     from ..mirroring.names import DEFAULT_TABLE_PATH, mirror_path
     from ..reading import ChangeFeedStatus, status
 
+    require_classic(spark, "verify")
     store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
     info = store.info()
     if info is None:

@@ -11,8 +11,8 @@ notebook's ``changes``), and a target (`pgoutput_spark.reading.status`, `mirror`
 `pgoutput_spark.spark.files` asks Spark's readers whether a file is there, and the
 target's tables are read and counted by Delta's reader (`mirroring.listed.read_listed`,
 `mirroring.deltalog.row_count`). The jobs (`run_apply`, `run_changes`, `snapshot_tables`,
-`verify_mirrors`, a Delta landing of `capture_slot`) commit to Delta's log and work with
-the file system through the driver's JVM: given such a session they raise `ConfigError`
+`verify_mirrors`, a Delta landing of `capture_slot`) work with Delta's log and the file
+system through the driver's JVM: given such a session they raise `ConfigError`
 before they read or write anything (`require_classic`), instead of failing on PySpark's
 refusal of ``sparkContext`` somewhere inside; `build_spark_session` refuses to build one
 (`asks_for_connect`).
@@ -57,8 +57,8 @@ def require_classic(spark: Any, what: str) -> None:
     """`ConfigError` where ``spark`` is a Spark Connect session, naming ``what`` needs a classic one."""
     if is_connect(spark):
         raise ConfigError(
-            f"{what} needs a classic Spark session: it commits to Delta's log and works with the file system "
-            f"through the driver's JVM, which a Spark Connect session has no access to; nothing was read or "
+            f"{what} needs a classic Spark session: it works with Delta's log and the file system through "
+            f"the driver's JVM, which a Spark Connect session has no access to; nothing was read or "
             f"written. Run it with spark-submit or the pgoutput-spark command, or in a classic session "
             f"(SparkSession.builder without remote(), SPARK_REMOTE unset, spark.api.mode classic). "
             f"read_capture, decode, quarantined, changes, status, mirror and history work in a Spark Connect "

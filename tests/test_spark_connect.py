@@ -29,6 +29,7 @@ from pgoutput_spark import changes, decode, history, mirror, quarantined, read_c
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.spark.assemble import assemble
 
 from .plugins.postgres import new_database
 
@@ -55,6 +56,7 @@ from pgoutput_spark.changefeed import run_changes
 from pgoutput_spark.slot.capture import capture_slot
 from pgoutput_spark.slot.snapshot import snapshot_tables
 from pgoutput_spark.slot.verify import verify_mirrors
+from pgoutput_spark.spark.assemble import assemble
 from pgoutput_spark.spark.connect import is_connect
 
 def lines(frame):
@@ -67,6 +69,8 @@ for name, path in args["captures"].items():
     out["quarantined"][name] = lines(quarantined(decoded))
     if name == "landing":
         out["changes"] = {table: lines(frame) for table, frame in changes(decoded).items()}
+    if name == "sample":  # its transactions placed by a window per seq bucket, not by a lookup
+        out["by_window"] = lines(assemble(decoded, lookup_limit=0, rows_per_bucket=500).committed)
 try:
     read_capture(spark, args["missing"])
 except CaptureError as exc:
@@ -168,6 +172,8 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
         assert got["quarantined"][name] == _lines(quarantined(decoded)), name
         if name == "landing":
             assert got["changes"] == {table: _lines(frame) for table, frame in changes(decoded).items()}
+        if name == "sample":
+            assert got["by_window"] == _lines(assemble(decoded).committed)
     assert got["changes"].keys() == {"public.t"}
     assert [json.loads(line)["seq"] for line in got["quarantined"]["bad"]] == [1, 2]
     assert not any(got["quarantined"][name] for name in ("sample", "landing", "delta"))

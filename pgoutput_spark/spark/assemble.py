@@ -33,7 +33,7 @@ from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
 from ..decoder.protocol import MessageType
-from .connect import for_tasks
+from .connect import for_tasks, is_connect
 from .session import local_frame, one_row, release
 from .sessions import Sessions
 
@@ -52,6 +52,9 @@ BROADCAST_BLOCKS = 1_000_000
 #: stream up in arrays of their seqs (8 bytes each, broadcast) instead of a window: the window
 #: shuffles every message of the run, nested change rows and all (1.5 GB for a million).
 LOOKUP_LIMIT = 5_000_000
+#: `LOOKUP_LIMIT` in a Spark Connect session, whose tasks get the arrays with their function
+#: (`for_tasks`): about 2 MB of the plan the client sends.
+CONNECT_LOOKUP_LIMIT = 100_000
 
 #: What the scan adds to each message; `pgoutput_spark.spark.decode.decode` adds them itself
 #: when given the scan's start (``positions``), which spares the scan a pass and a copy.
@@ -280,6 +283,8 @@ def scan(messages: DataFrame, start: ScanState = ScanState(), *, rows_per_bucket
     summary = _summary(messages, start, sessions)
     if set(POSITION_COLUMNS) <= set(messages.columns):  # `decode(positions=start)` found them
         return messages, summary.end, summary.begins
+    if is_connect(messages.sparkSession):  # the arrays go with the plan there, not as a broadcast
+        lookup_limit = min(lookup_limit, CONNECT_LOOKUP_LIMIT)
     if summary.boundaries <= lookup_limit:
         begin, xid, rows = _by_lookup(messages, start)
     else:

@@ -121,7 +121,7 @@ def _slot_position(pg: Any, db: str) -> Any:
 
 @pytest.mark.spark
 @pytest.mark.postgres
-def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the_jobs_refuse_it(
+def test_the_notebook_reads_work_in_a_spark_connect_session_and_the_jobs_refuse_it(
         spark: Any, pg15: Any, tmp_path: Path) -> None:
     db = new_database(pg15, "connect")
     pg15.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(8, 2), at timestamptz, b bytea);"
@@ -206,6 +206,8 @@ def test_read_capture_decode_and_changes_work_in_a_spark_connect_session_and_the
         assert "nothing was read or written" in message and "read_capture, decode" in message
     assert not refused.exists() and not (tmp_path / "refused_landing").exists()
     assert _slot_position(pg15, db) == position  # the refused capture read nothing of the slot
+    for name in ("parquet", "delta", "oracle"):
+        pg15.drop_slot(f"{db}_{name}", dbname=db)
 
 
 def test_a_file_spark_skips_and_this_process_cannot_read_is_named(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """A Spark Connect session: the capture's reads (`read_capture`, `decode`, `changes`) and the
-target's (`status`, `mirror`, `history`) work in it; the jobs refuse it.
+target's (`status`, `mirror`, `history`, `verify`) work in it; the jobs refuse it.
 
 The Spark Connect session is a client of a local Spark Connect server that PySpark starts
 (``SparkSession.builder.remote("local[1]")``), in a process of its own: a Spark Connect client
@@ -29,6 +29,7 @@ from pgoutput_spark import changes, decode, history, mirror, quarantined, read_c
 from pgoutput_spark.apply import run_apply
 from pgoutput_spark.config import TablesConfig
 from pgoutput_spark.slot.capture import capture_slot
+from pgoutput_spark.slot.verify import verify_mirrors
 from pgoutput_spark.spark.assemble import assemble
 
 from .plugins.postgres import new_database
@@ -83,13 +84,14 @@ out["mirror"] = lines(mirror(spark, target, "public.t"))
 out["mirror_then"] = lines(mirror(spark, target, "public.t", as_of_lsn=state.read_point))
 out["history"] = lines(history(spark, target, "public.t"))
 out["history_then"] = lines(history(spark, target, "public.t", as_of_lsn=state.read_point))
+out["verify"] = verify_mirrors(spark, target, args["captures"]["landing"], dsn=args["dsn"]).render()
 
 capture, target, dsn = read_capture(spark, args["captures"]["landing"]), args["refused_target"], args["dsn"]
 refusals = {
     "apply": lambda: run_apply(spark, capture, target),
     "the changes job": lambda: run_changes(spark, capture, target),
     "snapshot": lambda: snapshot_tables(spark, target, publications=["pub"], dsn=dsn),
-    "verify": lambda: verify_mirrors(spark, target, args["captures"]["landing"], dsn=dsn),
+    "a Delta landing (verify)": lambda: verify_mirrors(spark, args["target"], args["captures"]["delta"], dsn=dsn),
     "a Delta landing": lambda: capture_slot(args["delta_landing"], slot=args["slot"], dsn=dsn,
                                             publications=["pub"], format="delta", spark=spark),
 }
@@ -199,10 +201,15 @@ def test_the_notebook_reads_work_in_a_spark_connect_session_and_the_jobs_refuse_
     assert sorted((r["id"], r["v"], r.get("n")) for r in mirrored) == \
         sorted(pg15.query("SELECT id, v, n FROM t", dbname=db), key=lambda r: r[0])
 
+    # `verify` against PostgreSQL, as in the classic session.
+    verified = verify_mirrors(spark, str(target), str(landing), dsn=pg15.conninfo(db))
+    assert [t.state for t in verified.tables] == ["equal"] and got["verify"] == verified.render()
+
     # What needs the driver's JVM refuses the session before it reads or writes anything.
-    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "snapshot", "verify", "a Delta landing"])
+    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "snapshot", "a Delta landing",
+                                             "a Delta landing (verify)"])
     for what, message in got["refused"].items():
-        assert message.startswith(f"{what} needs a classic Spark session: "), message
+        assert message.startswith(f"{what.removesuffix(' (verify)')} needs a classic Spark session: "), message
         assert "nothing was read or written" in message and "read_capture, decode" in message
     assert not refused.exists() and not (tmp_path / "refused_landing").exists()
     assert _slot_position(pg15, db) == position  # the refused capture read nothing of the slot
@@ -249,7 +256,7 @@ def test_a_session_asked_of_spark_connect_is_refused_before_anything_starts(monk
         assert err == [f"pgoutput-spark: error: {asked} asks PySpark for a Spark Connect session, and "
                        f"pgoutput-spark builds classic ones: its jobs need the driver's JVM; nothing was started. "
                        f"Unset it to run them here; in a notebook on Spark Connect, pass its own session to "
-                       f"read_capture, decode, changes, status, mirror and history"]
+                       f"read_capture, decode, changes, status, mirror, history and verify"]
 
 
 def test_a_classic_api_mode_chosen_in_conf_wins_over_the_environment(monkeypatch):

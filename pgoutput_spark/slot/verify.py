@@ -37,7 +37,6 @@ from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError, ConfigError
 from ..lsn import Lsn
-from ..spark.connect import require_classic
 from .delta_landing import DeltaLanding
 from .landing import ParquetLanding
 from .options import PluginOptions
@@ -159,8 +158,6 @@ def verify_mirrors(spark: SparkSession, target: str, landing: str, *, dsn: str |
     from ..capture import _is_delta
     from ..mirroring.names import DEFAULT_TABLE_PATH, mirror_path
     from ..reading import ChangeFeedStatus, status
-
-    require_classic(spark, "verify")
     store = DeltaLanding(spark, landing) if _is_delta(spark, landing) else ParquetLanding(landing)
     info = store.info()
     if info is None:

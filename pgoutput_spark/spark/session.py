@@ -102,7 +102,8 @@ def build_spark_session(
         raise ConfigError(
             f"{asked} asks PySpark for a Spark Connect session, and pgoutput-spark builds classic ones: its "
             f"jobs need the driver's JVM; nothing was started. Unset it to run them here; in a notebook on "
-            f"Spark Connect, pass its own session to read_capture, decode, changes, status, mirror and history")
+            f"Spark Connect, pass its own session to read_capture, decode, changes, status, mirror, history and "
+            f"verify")
 
     if "PYSPARK_PYTHON" not in os.environ:
         # Python workers run the driver's interpreter (the project's venv), not

@@ -5,6 +5,8 @@ The notebook API: `read_capture` (a capture as a DataFrame), `decode`
 (a mirror, now or as of a source LSN), `history` (a history table, or the
 source as of any LSN from it), `status` (run history and consistent
 read point), `decode_message` (one message, printed like the protocol docs).
+They work in a Spark Connect session too; the jobs need a classic one
+(`pgoutput_spark.spark.connect`).
 
 The decoder (`decode_message`, `pgoutput_spark.decoder`) has no Spark import;
 the Spark functions are loaded lazily so that ``import pgoutput_spark`` stays

@@ -84,14 +84,14 @@ out["mirror"] = lines(mirror(spark, target, "public.t"))
 out["mirror_then"] = lines(mirror(spark, target, "public.t", as_of_lsn=state.read_point))
 out["history"] = lines(history(spark, target, "public.t"))
 out["history_then"] = lines(history(spark, target, "public.t", as_of_lsn=state.read_point))
-out["verify"] = verify_mirrors(spark, target, args["captures"]["landing"], dsn=args["dsn"]).render()
+out["verify"] = {name: verify_mirrors(spark, target, args["captures"][name], dsn=args["dsn"]).render()
+                 for name in ("landing", "delta")}
 
 capture, target, dsn = read_capture(spark, args["captures"]["landing"]), args["refused_target"], args["dsn"]
 refusals = {
     "apply": lambda: run_apply(spark, capture, target),
     "the changes job": lambda: run_changes(spark, capture, target),
     "snapshot": lambda: snapshot_tables(spark, target, publications=["pub"], dsn=dsn),
-    "a Delta landing (verify)": lambda: verify_mirrors(spark, args["target"], args["captures"]["delta"], dsn=dsn),
     "a Delta landing": lambda: capture_slot(args["delta_landing"], slot=args["slot"], dsn=dsn,
                                             publications=["pub"], format="delta", spark=spark),
 }
@@ -201,15 +201,15 @@ def test_the_notebook_reads_work_in_a_spark_connect_session_and_the_jobs_refuse_
     assert sorted((r["id"], r["v"], r.get("n")) for r in mirrored) == \
         sorted(pg15.query("SELECT id, v, n FROM t", dbname=db), key=lambda r: r[0])
 
-    # `verify` against PostgreSQL, as in the classic session.
-    verified = verify_mirrors(spark, str(target), str(landing), dsn=pg15.conninfo(db))
-    assert [t.state for t in verified.tables] == ["equal"] and got["verify"] == verified.render()
+    # `verify` against PostgreSQL, as in the classic session, with either landing's record.
+    for name in ("landing", "delta"):
+        verified = verify_mirrors(spark, str(target), captures[name], dsn=pg15.conninfo(db))
+        assert [t.state for t in verified.tables] == ["equal"] and got["verify"][name] == verified.render(), name
 
     # What needs the driver's JVM refuses the session before it reads or writes anything.
-    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "snapshot", "a Delta landing",
-                                             "a Delta landing (verify)"])
+    assert sorted(got["refused"]) == sorted(["apply", "the changes job", "snapshot", "a Delta landing"])
     for what, message in got["refused"].items():
-        assert message.startswith(f"{what.removesuffix(' (verify)')} needs a classic Spark session: "), message
+        assert message.startswith(f"{what} needs a classic Spark session: "), message
         assert "nothing was read or written" in message and "read_capture, decode" in message
     assert not refused.exists() and not (tmp_path / "refused_landing").exists()
     assert _slot_position(pg15, db) == position  # the refused capture read nothing of the slot

@@ -38,6 +38,7 @@ from ..decoder.messages import decode_message
 from ..decoder.protocol import MessageType
 from ..errors import CaptureError
 from ..lsn import Lsn
+from ..spark.connect import require_classic
 from .delta_landing import DeltaLanding
 from .landing import CAPTURE_SCHEMA, ChunkRecord, ParquetLanding
 from .options import PluginOptions
@@ -236,6 +237,7 @@ def capture_slot(
     if format == "delta":
         if spark is None:
             raise CaptureError("a Delta landing needs a Spark session")
+        require_classic(spark, "a Delta landing")  # its chunks are uploaded and committed through the JVM
         target: ParquetLanding | DeltaLanding = DeltaLanding(spark, landing)
     elif format == "parquet":
         target = ParquetLanding(landing)

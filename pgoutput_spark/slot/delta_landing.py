@@ -68,9 +68,7 @@ class DeltaLanding:
 
     def __init__(self, spark: SparkSession, path: str) -> None:
         from ..mirroring.names import absolute_path
-        from ..spark.connect import require_classic
 
-        require_classic(spark, "a Delta landing")
         self.spark = spark
         self.path = absolute_path(str(path)).rstrip("/")
         self._info: dict[str, Any] | None = None

@@ -7,12 +7,12 @@ to call and no ``sparkContext``. The notebook API's reads work in it: a capture
 (`pgoutput_spark.capture.read_capture`), decoded (`pgoutput_spark.spark.decode.decode`,
 `quarantined`), its typed changes (`pgoutput_spark.spark.changes.change_frames`, the
 notebook's ``changes``), and a target (`pgoutput_spark.reading.status`, `mirror`,
-`history`; `pgoutput_spark.slot.verify.verify_mirrors` with a Parquet landing). What their
+`history`; `pgoutput_spark.slot.verify.verify_mirrors`). What their
 tasks share goes with the task's function there (`for_tasks`), `pgoutput_spark.spark.files`
 asks Spark's readers whether a file is there, and the target's tables are read and counted
 by Delta's reader (`mirroring.listed.read_listed`, `read_current`,
-`mirroring.deltalog.row_count`). The jobs (`run_apply`, `run_changes`, `snapshot_tables`)
-and a Delta landing (`capture_slot`'s, or read by `verify_mirrors`) work with Delta's log
+`mirroring.deltalog.row_count`), a Delta landing's record by SQL. The jobs (`run_apply`,
+`run_changes`, `snapshot_tables`, `capture_slot` into a Delta landing) work with Delta's log
 and the file system through the driver's JVM: given such a session they raise `ConfigError`
 before they read or write anything (`require_classic`), instead of failing on PySpark's
 refusal of ``sparkContext`` somewhere inside; `build_spark_session` refuses to build one
@@ -62,8 +62,8 @@ def require_classic(spark: Any, what: str) -> None:
             f"the driver's JVM, which a Spark Connect session has no access to; nothing was read or "
             f"written. Run it with spark-submit or the pgoutput-spark command, or in a classic session "
             f"(SparkSession.builder without remote(), SPARK_REMOTE unset, spark.api.mode classic). "
-            f"read_capture, decode, quarantined, changes, status, mirror, history and verify (of a Parquet "
-            f"landing) work in a Spark Connect session")
+            f"read_capture, decode, quarantined, changes, status, mirror, history and verify work in a Spark "
+            f"Connect session")
 
 
 def for_tasks(spark: Any, value: T) -> Callable[[], T]:

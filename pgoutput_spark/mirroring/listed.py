@@ -80,9 +80,10 @@ def read_listed(spark: SparkSession, path: str) -> DataFrame:
     target's lease and ``pending`` are changed over the same listed files instead
     (`update_listed`, `delete_listed`, `delta.txn_append`'s overwrite with ``replaced``).
 
-    In a Spark Connect session, which reaches no JVM, Delta's reader."""
+    In a Spark Connect session, which reaches no JVM: `read_current` (Delta's reader of the
+    version now, as here)."""
     if is_connect(spark):
-        return spark.read.format("delta").load(path)
+        return read_current(spark, path)
     snapshot = snapshot_now(spark, path)
     listed = listed_files(spark, snapshot)
     if listed is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import time
 from typing import Any
 
@@ -203,15 +204,80 @@ def listed_files(spark: SparkSession, snapshot: Any) -> list[Any] | None:
     return files
 
 
-def checksum_files(snapshot: Any) -> list[Any] | None:
+def checksum_files(snapshot: Any, *, deletion_vectors: bool = False) -> list[Any] | None:
     """The ``AddFile`` actions of the snapshot's table as its checksum lists them; None where it
-    does not, or one of them has a deletion vector."""
+    does not, or (unless ``deletion_vectors``) one of them has a deletion vector."""
     checksum = snapshot.checksumOpt()
     listed = checksum.get().allFiles() if checksum.isDefined() else None
     if listed is None or not listed.isDefined():
         return None
     files = scala_list(listed.get())
+    if deletion_vectors:
+        return files
     return None if any(added.deletionVector() is not None for added in files) else files
+
+
+def deletion_vector_actions(jvm: Any, log: Any, marked: list[tuple[Any, list[int]]]) -> list[Any]:
+    """For each ``AddFile`` of the table of ``log`` (its ``DeltaLog``) with the row indexes (in
+    the file, as ``_metadata.row_index`` numbers them) of rows to delete: the actions that delete
+    them, as Delta's DML does with deletion vectors on: a ``RemoveFile`` of the file as it was
+    and an ``AddFile`` of it with a deletion vector marking them and the rows its vector marked
+    already (its statistics' bounds no longer tight); only the ``RemoveFile`` where no row is
+    left. The vectors go to one new file in the table's folder (``deletion_vector_<uuid>.bin``,
+    Delta's format: `Delta's PROTOCOL.md`, "Deletion Vector Format")."""
+    if not marked:
+        return []
+    dv = f"{DELTA}.deletionvectors"
+    store = getattr(jvm_class(jvm, f"{DELTA}.storage.dv.DeletionVectorStore$"), "MODULE$").createInstance(
+        log.newDeltaHadoopConf())
+    descriptors = getattr(jvm_class(jvm, f"{DELTA}.actions.DeletionVectorDescriptor$"), "MODULE$")
+    portable = jvm_class(jvm, f"{dv}.RoaringBitmapArrayFormat").Portable()
+    option, root = jvm_class(jvm, "scala.Option"), log.dataPath()
+    uid = jvm_class(jvm, "java.util.UUID").randomUUID()
+    writer = store.createWriter(store.generateFileNameInTable(store.pathWithFileSystem(root), uid, ""))
+    actions: list[Any] = []
+    try:
+        for added, rows in marked:
+            bitmap = _bitmap(jvm, rows)
+            if added.deletionVector() is not None:
+                bitmap.merge(store.read(added.deletionVector(), root))
+            physical = added.numPhysicalRecords()
+            if physical.isDefined() and bitmap.cardinality() >= int(physical.get()):
+                actions.append(added.remove())  # every row deleted: the file goes
+                continue
+            written = writer.write(bitmap.serializeAsByteArray(portable))
+            vector = descriptors.onDiskWithRelativePath(uid, "", written.length(), bitmap.cardinality(),
+                                                        option.apply(written.offset()), option.empty())
+            pair = added.removeRows(vector, True, True)  # statistics updated, a data change
+            actions += [pair._2(), pair._1()]
+    finally:
+        writer.close()
+    return actions
+
+
+#: The magic number that opens Delta's portable serialization of a ``RoaringBitmapArray``.
+_PORTABLE_BITMAP_ARRAY = 1681511377
+
+
+def _bitmap(jvm: Any, rows: list[int]) -> Any:
+    """Delta's ``RoaringBitmapArray`` of ``rows`` (row indexes under 2**31), built in the JVM from
+    one array of bytes (not a py4j call per row): a RoaringBitmap of the indexes, in Delta's
+    portable form (its magic number, one 32-bit bitmap, of key 0)."""
+    import numpy as np
+
+    values = np.asarray(rows, dtype=np.int64)
+    if values.size and (values.min() < 0 or values.max() >= 2**31):
+        raise ValueError(f"a row index out of a deletion vector's 32-bit range: {values.min()}..{values.max()}")
+    order = jvm_class(jvm, "java.nio.ByteOrder").LITTLE_ENDIAN
+    buffers = jvm_class(jvm, "java.nio.ByteBuffer")
+    ints = jvm_class(jvm, "java.nio.IntBuffer").allocate(int(values.size))
+    ints.put(buffers.wrap(bytearray(values.astype("<i4").tobytes())).order(order).asIntBuffer())
+    bitmap = jvm_class(jvm, "org.roaringbitmap.RoaringBitmap").bitmapOf(ints.array())
+    serialized = buffers.allocate(bitmap.serializedSizeInBytes()).order(order)
+    bitmap.serialize(serialized)
+    header = struct.pack("<iqi", _PORTABLE_BITMAP_ARRAY, 1, 0)  # the magic number, one bitmap, its key
+    return jvm_class(jvm, f"{DELTA}.deletionvectors.RoaringBitmapArray").readFrom(
+        bytearray(header + bytes(serialized.array())))
 
 
 def partition_names(metadata: Any) -> list[str]:

@@ -10,10 +10,13 @@ MERGE command.
 
 Deletion vectors follow the session's Delta defaults (off unless
 ``spark.databricks.delta.properties.defaults.enableDeletionVectors`` is set,
-or the table's property is set later): measured on 2 cores, a MERGE of 60
-rows takes 2.4 s with them and 0.9 s without on a 2,000-row mirror, 2.1 s
+or the table's property is set later): measured on 2 cores, Delta's MERGE of
+60 rows took 2.4 s with them and 0.9 s without on a 2,000-row mirror, 2.1 s
 and 1.3 s on a 2M-row one, and on a 10M-row mirror they only broke even
-(`benchmarks/deletion_vectors.py`, `benchmarks/README.md`).
+(`benchmarks/deletion_vectors.py`, `benchmarks/README.md`). With them on,
+`merge_listed` marks the rows a MERGE updates or deletes in files of 16 MiB or
+more deleted in place (`MARK_MIN_FILE_BYTES`), rewriting smaller files as
+without them: a MERGE of random keys then rewrites no large file.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .deltalog import (
     active,
     checksum_files,
     checksum_txn_version,
+    deletion_vector_actions,
     file_location,
     file_operations,
     files_of,
@@ -199,11 +203,11 @@ LISTED_MERGE_FEATURES = frozenset({
 def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *, truncated: bool,
                  app_id: str, version: int, history: bool = False) -> dict[str, int] | None:
     """`merge`'s MERGE as one Delta transaction of our own, on a mirror whose checksum lists its
-    files (Delta 4.0 keeps the list for tables of up to 50 files), none with deletion vectors,
-    whose table features are `LISTED_MERGE_FEATURES` and which has deletion vectors, change data
-    feed and row tracking off. The counts of rows inserted, updated
+    files (Delta 4.0 keeps the list for tables of up to 50 files), whose table features are
+    `LISTED_MERGE_FEATURES` and which has change data feed and row tracking off (and, with
+    deletion vectors off, no file with one). The counts of rows inserted, updated
     and deleted, or None, having written nothing, where Delta's MERGE is needed: another table,
-    or a ``source`` with two rows for one key.
+    a history with deletion vectors on, or a ``source`` with two rows for one key.
 
     What Delta's MERGE does, without its reconstruction of the table's state (three Spark jobs)
     and with two Spark jobs where it has about ten: one joins the mirror's key columns, read
@@ -221,6 +225,15 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     A commit that changes the table's schema (a run's new column or wider type) leaves the list
     of files out of its checksum, so the MERGE right after it is Delta's command (whose commit
     writes the list again).
+
+    Deletion vectors on (``delta.enableDeletionVectors``), a keyed mirror or a multiset, not
+    truncated, without a column the source no longer has: the first job also gives each matched
+    row's index in its file (``_metadata.row_index``), and the files of `MARK_MIN_FILE_BYTES` or
+    more whose rows the MERGE changes at most half of are kept (`_marked`), their matched rows
+    marked deleted by a deletion vector (`deltalog.deletion_vector_actions`, merged with the
+    file's vector), the rows of their updates written with the inserts; the other files are
+    rewritten as above. A run of random keys into a large mirror then writes its changed rows,
+    not the mirror (`benchmarks/apply.py`, the ``dv`` variant).
 
     ``history``: the MERGE of a history table (`history.merge_history`; ``spec`` keyed, not
     ``truncated``): ``close`` rows end the current version of their key (its ``_valid_to_lsn``,
@@ -240,23 +253,29 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             if snapshot.version() < 0 or not all(isinstance(c, JavaClass) for c in (operation, clause, entry)):
                 return None
             done = checksum_txn_version(snapshot, app_id)
-            files = checksum_files(snapshot)
             protocol = snapshot.protocol()
             features = {str(f.name()) for f in scala_list(protocol.implicitlyAndExplicitlySupportedFeatures())}
             configuration = snapshot.metadata().configuration()
-            # Deletion vectors on: Delta's MERGE marks rows deleted where this would rewrite files.
             enabled = [key for key in ("delta.enableChangeDataFeed", "delta.appendOnly", "delta.enableRowTracking",
                                        "delta.enableDeletionVectors")
                        if configuration.get(key).isDefined() and str(configuration.get(key).get()).lower() == "true"]
+            vectors = "delta.enableDeletionVectors" in enabled
+            files = checksum_files(snapshot, deletion_vectors=vectors)
             schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
         except Exception as exc:  # py4j's: a Delta without these members
             _log.debug("MERGE into %s by Delta's command: %s", path, exc)
             return None
-        if done is None or files is None or enabled or not features <= LISTED_MERGE_FEATURES:
+        # Deletion vectors on: rows marked deleted in large files (a history's are Delta's MERGE's).
+        if done is None or files is None or (vectors and history) or not features <= LISTED_MERGE_FEATURES:
+            return None
+        if set(enabled) - {"delta.enableDeletionVectors"}:
             return None
         names = schema.names
         if not set(columns) <= set(names) or len(set(n.lower() for n in names)) != len(names):
             return None
+        # Rows marked deleted (their files kept) only where the rows written in their place need
+        # nothing of them: no column the mirror keeps that the source no longer has.
+        marking = vectors and not truncated and set(names) == set(columns)
         txn.readWholeTable()  # any commit meanwhile that adds or removes files fails this one
         txn.readTxn().addOne(app_id)  # as Delta's MERGE registers its transaction identifier
         if done >= version:
@@ -265,49 +284,70 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         by_location = {file_location(operations, root, added): added for added in files}
         none = jvm_class(jvm, "scala.Option").empty()
 
-        def rows_of(added: list[Any]) -> DataFrame:  # the mirror's rows in these files, its columns numbered
-            frame = files_of(session, jvm, snapshot, added)
-            return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)])
+        def rows_of(added: list[Any], positions: bool = False) -> DataFrame:  # the rows in these files
+            frame = files_of(session, jvm, snapshot, added)  # its columns numbered, ``row`` its index in its file
+            return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)],
+                                *([F.col("_metadata.row_index").alias("row")] if positions else []))
 
-        matched = _matched(rows_of(files), source, spec, names, history=history)
+        matched = _matched(rows_of(files, marking), source, spec, names, history=history, positions=marking)
         if matched is None:
             return None
-        counts, located, flagged = matched
+        counts, located, flagged, marks = matched
         try:
-            found = files if truncated else [
-                by_location.get(str(operations.absolutePath(root, name).toString())) for name in located]
+            named = [(name, by_location.get(str(operations.absolutePath(root, name).toString()))) for name in located]
+            found = files if truncated else [added for _, added in named]
             touched = [added for added in found if added is not None]
             if len(touched) < len(found):
                 _log.debug("MERGE into %s by Delta's command: a file read is not in its checksum", path)
                 return None
-            touched = [*touched, *_compacted(files, touched)]
+            marked = _marked(marks, named, counts) if marks is not None else []
+            kept = {str(added.path()) for added, _ in marked}
+            touched = [added for added in touched if str(added.path()) not in kept]
+            touched = [*touched, *_compacted(files, [*touched, *(added for added, _ in marked)])]
             records = [added.numLogicalRecords() for added in touched]
             rewritten = sum(int(n.get()) for n in records if n.isDefined())
             if truncated:  # every file rewritten: its rows are the mirror's
                 if not all(n.isDefined() for n in records):
                     return None  # no statistics: Delta's MERGE counts the rows it deletes
                 counts["deleted"] += rewritten - counts["updated"] - counts["deleted"]
+            in_place = [name for name, added in named if added is not None and str(added.path()) in kept]
+            inserting = counts["inserted"] + (counts["updated"] if in_place else 0)
             actions = txn.writeFiles(_merged(rows_of(touched), source, flagged, spec, schema, truncated,
-                                             counts["inserted"], history=history)._jdf)
+                                             inserting, history=history, in_place=in_place)._jdf)
         finally:
             if flagged is not None:
                 release(flagged)
+            if marks is not None and marks is not flagged:
+                release(marks)
         added_files = scala_list(actions)
         for added in touched:
             actions = actions.appended(added.remove())
+        vectors_before = {str(added.path()) for added, _ in marked if added.deletionVector() is not None}
+        marking_actions = deletion_vector_actions(jvm, snapshot.deltaLog(), marked)
+        for action in marking_actions:
+            actions = actions.appended(action)
         actions = actions.appended(set_transaction(jvm, entry, app_id, version))
         n_source, matched_deleted = counts.pop("source"), counts.pop("matched_deleted")
+        # Rows the MERGE updated or deleted in files it rewrote (the rest it marked deleted in place).
+        changed = counts["updated"] + counts["deleted"] - sum(len(rows) for _, rows in marked)
+        left = {str(a.path()) for a in marking_actions if a.getClass().getSimpleName() == "AddFile"}
         register_metrics(session, jvm, txn, jvm_class(jvm, f"{DELTA}.DeltaOperationMetrics").MERGE(), {
             "numSourceRows": n_source, "operationNumSourceRows": n_source,  # the latter: what history shows
             "numTargetRowsInserted": counts["inserted"], "numTargetRowsNotMatchedInserted": counts["inserted"],
             "numTargetRowsUpdated": counts["updated"], "numTargetRowsMatchedUpdated": counts["updated"],
             "numTargetRowsDeleted": counts["deleted"], "numTargetRowsMatchedDeleted": matched_deleted,
             "numTargetRowsNotMatchedBySourceDeleted": counts["deleted"] - matched_deleted,
-            "numTargetRowsCopied": max(rewritten - counts["updated"] - counts["deleted"], 0),
-            "numOutputRows": max(rewritten - counts["deleted"], 0) + counts["inserted"],
-            "numTargetFilesRemoved": len(touched), "numTargetFilesAdded": len(added_files),
-            "numTargetBytesRemoved": sum(int(a.size()) for a in touched),
-            "numTargetBytesAdded": sum(int(a.size()) for a in added_files)})
+            "numTargetRowsCopied": max(rewritten - changed, 0),
+            "numOutputRows": max(rewritten - changed, 0) + counts["updated"] + counts["inserted"],
+            "numTargetFilesRemoved": len(touched) + len(marked) - len(left),
+            "numTargetFilesAdded": len(added_files),
+            "numTargetBytesRemoved": sum(int(a.size()) for a in touched) + sum(
+                int(a.size()) for a, _ in marked if str(a.path()) not in left),
+            "numTargetBytesAdded": sum(int(a.size()) for a in added_files),
+            "numTargetDeletionVectorsAdded": len(left - vectors_before),
+            "numTargetDeletionVectorsUpdated": len(left & vectors_before),
+            "numTargetDeletionVectorsRemoved": len(vectors_before - left) + sum(
+                1 for a in touched if a.deletionVector() is not None)})
         parser = session._jsparkSession.sessionState().sqlParser()
         some = jvm_class(jvm, "scala.Option").apply
         if history:
@@ -328,8 +368,8 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         return counts
 
 
-def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[str], *,
-             history: bool = False) -> tuple[dict[str, int], list[str], DataFrame | None] | None:
+def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[str], *, history: bool = False,
+             positions: bool = False) -> tuple[dict[str, int], list[str], DataFrame | None, DataFrame | None] | None:
     """`merge_listed`'s first job: the rows the MERGE inserts, updates and deletes among the
     mirror's (``target``: its columns ``t<i>``, as named ``names``), the source's rows (key
     ``source``), the files the matched rows are in and, keyed, the source's rows flagged with
@@ -342,18 +382,24 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[
 
     ``history``: the current versions the ``close`` rows end (the updated rows, their files)
     and the ``version`` rows (inserted); None where two ``close`` rows have one key (Delta's
-    MERGE fails where both match a version)."""
+    MERGE fails where both match a version).
+
+    ``positions`` (``target`` has the column ``row``, each row's index in its file): also the
+    matched mirror rows' ``file`` and ``row`` (for `_marked`): ``flagged`` (keyed), or the rows
+    a multiset's MERGE deletes (cached: the caller releases it); otherwise None."""
     keys = [names.index(k) for k in spec.key]
     if history:
         current = target.where(F.col(f"t{names.index('_is_current')}"))
-        return _history_matched(current.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file")),
-                                source, spec)
-    t = target.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file"))
+        found = _history_matched(current.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file")),
+                                 source, spec)
+        return None if found is None else (*found, None)
+    t = target.select(*[F.col(f"t{i}") for i in keys], F.input_file_name().alias("file"),
+                      *(["row"] if positions else []))
     if spec.mode == "keyed":
         s = _numbered_source(source, spec)
         at = [spec.columns.index(k) for k in spec.key]
         pairs = t.join(s.select(*[f"s{j}" for j in at]), [t[f"t{i}"] == F.col(f"s{j}") for i, j in zip(keys, at)])
-        pairs = pairs.select(*[F.col(f"s{j}").alias(f"k{j}") for j in at], "file")
+        pairs = pairs.select(*[F.col(f"s{j}").alias(f"k{j}") for j in at], "file", *(["row"] if positions else []))
         flagged = s.join(pairs, [s[f"s{j}"] == pairs[f"k{j}"] for j in at], "left").drop(
             *[f"k{j}" for j in at]).persist()
         try:
@@ -376,13 +422,50 @@ def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[
             return None
         counts = {"inserted": row["inserted"] or 0, "updated": row["updated"] or 0,  # sums of no row: null
                   "deleted": row["deleted"] or 0, "matched_deleted": row["deleted"] or 0, "source": row["rows"]}
-        return counts, list(row["files"]), flagged
+        return counts, list(row["files"]), flagged, flagged if positions else None
     gone = source.where(F.col("_action") == "delete_all").select(*_source_keys(spec))
     deleted = t.join(gone, [t[f"t{i}"].eqNullSafe(gone[f"s{j}"]) for j, i in enumerate(keys)], "left_semi")
-    row = one_row(deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")))
-    sizes = {r["_action"]: r["n"] for r in source.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+    if positions:
+        deleted = deleted.persist()
+    try:
+        row = one_row(deleted.agg(F.count(F.lit(1)).alias("deleted"), F.collect_set("file").alias("files")))
+        sizes = {r["_action"]: r["n"] for r in source.groupBy("_action").agg(F.count(F.lit(1)).alias("n")).collect()}
+    except BaseException:
+        if positions:
+            release(deleted)
+        raise
     return ({"inserted": sizes.get("insert", 0), "updated": 0, "deleted": row["deleted"],
-             "matched_deleted": row["deleted"], "source": sum(sizes.values())}, list(row["files"]), None)
+             "matched_deleted": row["deleted"], "source": sum(sizes.values())}, list(row["files"]), None,
+            deleted if positions else None)
+
+
+#: `merge_listed` on a mirror with deletion vectors on marks a matched row deleted in its file,
+#: keeping the file, where the file is this large or larger (a smaller one is rewritten, as with
+#: them off) ...
+MARK_MIN_FILE_BYTES = SMALL_FILE_BYTES
+#: ... and the MERGE updates or deletes at most this many rows (their positions go through the
+#: driver: 4 bytes a row); a larger MERGE rewrites its files.
+MARK_MAX_ROWS = 2_000_000
+
+
+def _marked(marks: DataFrame, named: list[tuple[str, Any]], counts: dict[str, int]) -> list[tuple[Any, list[int]]]:
+    """The files `merge_listed` keeps, with the indexes of their rows it marks deleted: those of
+    the files the MERGE touches (``named``: as ``marks`` names them, with their ``AddFile``) of
+    `MARK_MIN_FILE_BYTES` or more, where the MERGE changes at most half their rows, with their
+    matched rows in ``marks`` (``file``, ``row``; keyed: those with a ``file``). None where the
+    MERGE changes more than `MARK_MAX_ROWS` rows: it rewrites them all."""
+    large = {name: added for name, added in named
+             if added is not None and int(added.size()) >= MARK_MIN_FILE_BYTES}
+    if not large or counts["updated"] + counts["deleted"] > MARK_MAX_ROWS:
+        return []
+    found = marks.where(F.col("file").isin(list(large))).groupBy("file").agg(F.collect_list("row").alias("rows"))
+    marked = []
+    for r in found.collect():
+        added, rows = large[r["file"]], r["rows"]
+        records = added.numLogicalRecords()
+        if records.isDefined() and 2 * len(rows) <= int(records.get()):
+            marked.append((added, rows))
+    return marked
 
 
 def _history_matched(current: DataFrame, source: DataFrame,
@@ -430,14 +513,17 @@ def _numbered_source(source: DataFrame, spec: TableSpec) -> DataFrame:
 
 
 def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spec: TableSpec,
-            schema: T.StructType, truncated: bool, inserting: int, *, history: bool = False) -> DataFrame:
+            schema: T.StructType, truncated: bool, inserting: int, *, history: bool = False,
+            in_place: Sequence[str] = ()) -> DataFrame:
     """`merge_listed`'s rows to write: those of ``target`` (the mirror's rows in the files the
     MERGE rewrites, its columns ``t<i>``) as the MERGE leaves them, then those it inserts; the
     mirror's columns (``schema``), ``source``'s values cast to their types. As Delta's MERGE
     does, an update sets ``spec.columns`` and keeps the mirror's other (dropped) columns, and an
     insert leaves those null. ``flagged``: keyed, `_matched`'s source rows, whose upserts that
     match no mirror row are the rows inserted (``inserting`` of them). The mirror's rows are
-    joined to the source's (broadcast where small) on their left: no shuffle of the mirror's rows."""
+    joined to the source's (broadcast where small) on their left: no shuffle of the mirror's rows.
+    ``in_place``: files (as ``flagged`` names them) whose matched rows the MERGE marks deleted in
+    place (`_marked`): their upserts are written as new rows, as inserts are."""
     names = schema.names
     if history:
         return _history_merged(target, source, spec, schema, inserting)
@@ -448,7 +534,8 @@ def _merged(target: DataFrame, source: DataFrame, flagged: DataFrame | None, spe
         upsert = F.col("a") == "upsert"
         # A mirror row no source row matched stays, unless the run truncated the table.
         kept = target.join(s, on, "inner" if truncated else "left").where(upsert | F.col("a").isNull())
-        inserted = flagged.where(F.col("file").isNull() & upsert)
+        new = F.col("file").isNull() | F.col("file").isin(list(in_place)) if in_place else F.col("file").isNull()
+        inserted = flagged.where(new & upsert)
         if inserting <= ONE_FILE_INSERTS:  # one file, not one per partition of the source
             inserted = inserted.coalesce(1)
         return kept.select(*[

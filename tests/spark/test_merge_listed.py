@@ -12,6 +12,7 @@ is Delta's.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -126,18 +127,24 @@ def test_merge_listed_leaves_other_tables_to_delta(spark: Any, tmp_path: Path) -
                  metadata={"to_lsn": 10}) == {"inserted": 0, "updated": 1, "deleted": 0}
     changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 3).load(path)
     assert sorted(r[0] for r in changes.select("_change_type").collect()) == ["update_postimage", "update_preimage"]
-    # Deletion vectors on: Delta's MERGE marks the rows deleted in place of rewriting their files.
-    # Off again (and the change feed off), the table is ours.
+    # The change feed off again, the table is ours (deletion vectors on as well: the test below);
+    # a table with deletion vectors on, a history's MERGE is Delta's.
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false, "
               f"delta.enableDeletionVectors = true)")
-    append(path, spark.createDataFrame([(4, "d")], "id int, v string"), plain, app_id=APP_ID,
-           version=11, metadata={"to_lsn": 11})
-    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=12) is None
+    append(path, spark.createDataFrame([(4, "d"), (6, "f")], "id int, v string").coalesce(1), plain,
+           app_id=APP_ID, version=11, metadata={"to_lsn": 11})
+    assert merging.merge_listed(spark, path, source.where("false"), plain, truncated=False, app_id=APP_ID,
+                                version=12, history=True) is None
+    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
+                                version=12) == {"inserted": 0, "updated": 1, "deleted": 0}
+    # Files with deletion vectors, the property off again: Delta's MERGE (a table whose files
+    # `checksum_files` lists only where none has a vector).
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 4")
+    assert deltalog.checksum_files(deltalog.snapshot_now(spark, path)) is None
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableDeletionVectors = false)")
     append(path, spark.createDataFrame([(5, "e")], "id int, v string"), plain, app_id=APP_ID,
-           version=12, metadata={"to_lsn": 12})
-    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID,
-                                version=13) == {"inserted": 0, "updated": 1, "deleted": 0}
+           version=13, metadata={"to_lsn": 13})
+    assert merging.merge_listed(spark, path, source, plain, truncated=False, app_id=APP_ID, version=14) is None
     # Two net rows for one key: nothing written by ours; Delta's MERGE fails as it does.
     spec = TableSpec("keyed", ("id",), COLUMNS)
     path = str(tmp_path / "twice")
@@ -235,3 +242,100 @@ def test_merge_listed_closes_and_inserts_a_history_s_versions_as_delta_s_merge_d
     assert recorded(spark, ours, twice, spec, truncated=False, app_id=APP_ID, version=11, history=True) is None
     once = spark.createDataFrame(run[:1], f"_action string, {HISTORY}")  # the same table takes one
     assert recorded(spark, ours, once, spec, truncated=False, app_id=APP_ID, version=11, history=True) is not None
+
+
+@pytest.mark.parametrize("seed", [0, 6, 20])  # cases in which rows are marked (asserted): keyed, a multiset
+def test_merge_listed_marks_rows_deleted_in_a_mirror_with_deletion_vectors_as_delta_s_merge_leaves_it(
+        spark: Any, tmp_path: Path, monkeypatch: Any, seed: int) -> None:
+    # Deletion vectors on, every file large enough to keep (the threshold at 0): the rows a MERGE
+    # updates or deletes are marked deleted in their files (where at most half a file's rows), the
+    # updated rows written anew, other files rewritten. Two MERGEs, the second over the first's
+    # vectors; the oracle is Delta's own MERGE (deletion vectors on too) of the same rows into a
+    # copy of the mirror.
+    monkeypatch.setattr(merging, "MARK_MIN_FILE_BYTES", 0)
+    spec, mirror, net, truncated = _case(seed)
+    whole = TableSpec(spec.mode, spec.key if spec.mode == "keyed" else (*COLUMNS, "gone"), (*COLUMNS, "gone"))
+    rnd = random.Random(seed)
+    runs = [[(*row, rnd.choice(["g", None])) for row in net]]
+    if whole.mode == "keyed":  # the second run changes other keys, and some of the same
+        runs.append([(rnd.choice(["upsert", "delete"]), k, rnd.choice([k, None]), f"t{k}", "h")
+                     for k in rnd.sample(range(50), rnd.randrange(1, 12))])
+    else:  # the second run deletes rows of the mirror as the first left it
+        runs.append([("delete_all", *row) for row in sorted(set(mirror[:2]), key=repr)]
+                    + [("insert", 1, None, "c", "h")])
+    schema = SOURCE + ", `gone` string"
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    results, recorded = _recorded()
+    for path in (ours, theirs):
+        _mirror(spark, path, mirror, whole)
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableDeletionVectors = true)")
+    marked = 0
+    for run, rows in enumerate(runs):
+        source = spark.createDataFrame(rows, schema).persist()
+        counts = {}
+        for path, merge_listed in ((theirs, lambda *a, **k: None), (ours, recorded)):
+            monkeypatch.setattr(merging, "merge_listed", merge_listed)
+            counts[path] = merge(spark, path, source, whole, truncated=truncated and run == 0, app_id=APP_ID,
+                                 version=10 + run, metadata={"to_lsn": 10 + run})
+        assert results[-1] is not None  # our transaction merged, not Delta's command
+        assert _rows(spark, ours) == _rows(spark, theirs)
+        assert counts[ours] == counts[theirs]
+        assert applied_commit(spark, ours, APP_ID, 10 + run) == counts[theirs]
+        metrics = spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").orderBy(F.desc("version")).first()["operationMetrics"]
+        marked += int(metrics["numTargetDeletionVectorsAdded"]) + int(metrics["numTargetDeletionVectorsUpdated"])
+        again = merge(spark, ours, source, whole, truncated=truncated and run == 0, app_id=APP_ID, version=10 + run,
+                      metadata={"to_lsn": 10 + run})
+        assert again == {"inserted": 0, "updated": 0, "deleted": 0}
+        source.unpersist()
+    assert marked > 0
+    assert deltalog.row_count(spark, ours) == len(_rows(spark, theirs))
+
+
+def test_merge_listed_marks_rows_of_large_files_and_rewrites_small_or_mostly_changed_ones(
+        spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    spec = TableSpec("keyed", ("id",), ("id", "v"))
+    path = str(tmp_path / "marked")
+    for version, ids in ((1, range(0, 20)), (2, range(20, 40))):  # two files of 20 rows
+        append(path, spark.createDataFrame([(i, f"v{i}") for i in ids], "id int, v string").coalesce(1), spec,
+               app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableDeletionVectors = true)")
+    schema = "_action string, id int, v string"
+
+    def run(version: int, rows: list[tuple]) -> dict[str, str]:
+        counts = merge(spark, path, spark.createDataFrame(rows, schema), spec, truncated=False, app_id=APP_ID,
+                       version=version, metadata={"to_lsn": version})
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()
+        assert json.loads(history["userMetadata"])["pgoutput_spark"]["to_lsn"] == version
+        return {**{k: str(v) for k, v in counts.items()}, **history["operationMetrics"]}
+
+    monkeypatch.setattr(merging, "MARK_MIN_FILE_BYTES", 0)
+    # Large files: the rows updated or deleted marked in them, the updated rows written anew.
+    first = run(10, [("upsert", 2, "two"), ("delete", 3, None), ("delete", 26, None), ("upsert", 99, "new")])
+    assert (first["updated"], first["deleted"], first["inserted"]) == ("1", "2", "1")
+    assert (first["numTargetFilesRemoved"], first["numTargetRowsCopied"]) == ("0", "0")
+    assert (first["numTargetDeletionVectorsAdded"], first["numTargetFilesAdded"]) == ("2", "1")
+    # Again in a file that has a vector: the vector updated; a file whose rows the MERGE mostly
+    # changes is rewritten, its vector with it. (Delta's history counts an updated vector as one
+    # added and one removed too, as for its own MERGE.)
+    rows = [("delete", i, None) for i in range(27, 39)] + [("upsert", 4, "four")]
+    second = run(11, rows)
+    assert [second[f"numTargetDeletionVectors{k}"] for k in ("Updated", "Added", "Removed")] == ["1", "1", "2"]
+    assert (second["numTargetFilesRemoved"], second["numTargetRowsCopied"]) == ("1", "7")  # 20-25, 39
+    expected = {i: f"v{i}" for i in range(40)} | {2: "two", 4: "four", 99: "new"}
+    for gone in (3, 26, *range(27, 39)):
+        expected.pop(gone)
+    assert _rows(spark, path) == sorted(expected.items(), key=repr)
+    assert deltalog.row_count(spark, path) == len(expected)
+    files = deltalog.checksum_files(deltalog.snapshot_now(spark, path), deletion_vectors=True)
+    assert sum(1 for a in files if a.deletionVector() is not None) == 1
+    # Files under MARK_MIN_FILE_BYTES (16 MiB): rewritten, as with deletion vectors off.
+    monkeypatch.undo()
+    third = run(12, [("upsert", 1, "one")])
+    assert (third["numTargetFilesRemoved"], third["numTargetDeletionVectorsRemoved"]) == ("1", "1")
+    assert third["numTargetDeletionVectorsAdded"] == "0"
+    assert _rows(spark, path) == sorted((expected | {1: "one"}).items(), key=repr)
+    files = deltalog.checksum_files(deltalog.snapshot_now(spark, path), deletion_vectors=True)
+    assert not any(a.deletionVector() is not None for a in files)
+    # A redone run: nothing.
+    assert merge(spark, path, spark.createDataFrame(rows, schema), spec, truncated=False, app_id=APP_ID,
+                 version=11, metadata={"to_lsn": 11}) == {"inserted": 0, "updated": 0, "deleted": 0}

@@ -811,6 +811,41 @@ def test_a_keyed_table_whose_keys_change_netted_in_halves_equals_the_table(spark
         [[("public.kt", True, 0)], [("public.kt", True, 0)], [("public.kt", False, 0)]]
 
 
+def test_mirrors_with_deletion_vectors_on_mark_the_rows_runs_change_and_equal_the_table(spark, pg15, tmp_path,
+                                                                                      monkeypatch):
+    """Deletion vectors on (the session's Delta default), files of any size kept
+    (`merge.MARK_MIN_FILE_BYTES` 0): the runs' MERGEs mark the rows they update or delete deleted
+    in the mirror's files, and write the updated rows anew, a TOASTed value left unchanged by an
+    update taken from the row marked; a file whose rows a run mostly changes is rewritten. Three
+    runs: into a new mirror, then two into its files and their vectors; after each the mirror
+    equals the table."""
+    import pgoutput_spark.mirroring.merge as merging
+
+    monkeypatch.setattr(merging, "MARK_MIN_FILE_BYTES", 0)
+    default = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+    big = "repeat(md5(g::text), 100)"  # TOASTed, not compressed
+    spark.conf.set(default, "true")
+    try:
+        _small_case(
+            spark, pg15, tmp_path, "CREATE TABLE dv (id int PRIMARY KEY, v text, big text);"
+            " ALTER TABLE dv ALTER COLUMN big SET STORAGE EXTERNAL",
+            (f"INSERT INTO dv SELECT g, 'v', CASE WHEN g % 10 = 0 THEN {big} ELSE 'small' END"
+             " FROM generate_series(1, 200) g",),
+            ("UPDATE dv SET v = 'w' WHERE id % 10 = 0", "DELETE FROM dv WHERE id % 17 = 0",
+             "UPDATE dv SET id = id + 1000 WHERE id % 23 = 0"),
+            ("UPDATE dv SET v = 'x' WHERE id % 10 = 0 OR id > 1000", "DELETE FROM dv WHERE id % 13 = 0",
+             "INSERT INTO dv VALUES (5000, 'new', 'n')"),
+            runs_before=(1, 2))
+    finally:
+        spark.conf.unset(default)
+    path = mirror_path(str(tmp_path / "target"), "public", "dv")
+    merges = [r["operationMetrics"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+              if r["operation"] == "MERGE"]
+    assert [(m["numTargetDeletionVectorsAdded"] != "0", m["numTargetFilesRemoved"]) for m in merges] == \
+        [(True, "0"), (True, "1")]
+    assert merges[1]["numTargetDeletionVectorsUpdated"] == "1"
+
+
 def test_a_table_keyed_by_an_array_joins_the_buckets_its_key_changes_move_rows_between(spark, pg15, tmp_path,
                                                                                          caplog):
     """Keys that cannot be hashed alike in every task (an array: `keys.key_hashes` reads only

@@ -42,13 +42,13 @@ def read_current(spark: SparkSession, path: str) -> DataFrame:
     write to that table (Delta's file listing jobs), and a run caches frames that read the
     tables it then writes (the pending rows it saves back, a mirror's pre-image).
 
-    Where that version's checksum lists the table's files (Delta 4.0 does for up to 50 files;
-    none with deletion vectors: `checksum_files`), Delta's reader reads those files as they
-    are listed (`files_of`: column mapping, type widening, partition values as Delta reads
-    them), without the Spark jobs in which Delta reconstructs a new version's state to find
-    them: a small mirror's rows for two keys, read after each of a series of commits to it
-    (as a run's pre-image and `slot.verify` read mirrors), 0.28 s against 0.58 s with Delta's
-    reader of the version (ad hoc, warm, 2 cores). Otherwise Delta's reader of that version. In a
+    Where that version's checksum lists the table's files (Delta 4.0 does for up to 50 files:
+    `checksum_files`), Delta's reader reads those files as they are listed (`files_of`: column
+    mapping, type widening, partition values, deletion vectors as Delta reads them), without
+    the Spark jobs in which Delta reconstructs a new version's state to find them: a small
+    mirror's rows for two keys, read after each of a series of commits to it (as a run's
+    pre-image and `slot.verify` read mirrors), 0.28 s against 0.58 s with Delta's reader of
+    the version (ad hoc, warm, 2 cores). Otherwise Delta's reader of that version. In a
     Spark Connect session, which reaches no JVM, Delta's reader of the version its history names
     newest.
     """
@@ -60,7 +60,7 @@ def read_current(spark: SparkSession, path: str) -> DataFrame:
 
 def _read_version(spark: SparkSession, path: str, snapshot: Any) -> DataFrame:
     """`read_current` of the table at ``path`` as of ``snapshot`` (Delta's, brought up to date)."""
-    files = checksum_files(snapshot)
+    files = checksum_files(snapshot, deletion_vectors=True)
     if files is None:
         return spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
     with active(spark) as jvm:

@@ -131,8 +131,12 @@ def test_read_current_reads_a_mirror_s_listed_files_as_delta_s_reader_does(spark
     _rows(spark, 0, 10).coalesce(1).write.format("delta").option("delta.enableDeletionVectors", "true").save(vectors)
     spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id < 4")
     assert checksum_files(snapshot_now(spark, vectors)) is None
+    assert checksum_files(snapshot_now(spark, vectors), deletion_vectors=True) is not None  # read over its list
     assert sorted((tuple(r) for r in read_current(spark, vectors).collect()), key=repr) == _delta(spark, vectors)
     assert len(_delta(spark, vectors)) == 6
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id = 8")  # the file's vector updated
+    assert sorted((tuple(r) for r in read_current(spark, vectors).collect()), key=repr) == _delta(spark, vectors)
+    assert len(_delta(spark, vectors)) == 5
 
 
 def test_update_listed_updates_as_delta_s_update_and_fails_on_a_concurrent_change(spark, tmp_path):

@@ -274,8 +274,10 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         if not set(columns) <= set(names) or len(set(n.lower() for n in names)) != len(names):
             return None
         # Rows marked deleted (their files kept) only where the rows written in their place need
-        # nothing of them: no column the mirror keeps that the source no longer has.
-        marking = vectors and not truncated and set(names) == set(columns)
+        # nothing of them (no column the mirror keeps that the source no longer has), and where a
+        # file is large enough to keep: otherwise no row's index is read.
+        marking = vectors and not truncated and set(names) == set(columns) and any(
+            int(added.size()) >= MARK_MIN_FILE_BYTES for added in files)
         txn.readWholeTable()  # any commit meanwhile that adds or removes files fails this one
         txn.readTxn().addOne(app_id)  # as Delta's MERGE registers its transaction identifier
         if done >= version:

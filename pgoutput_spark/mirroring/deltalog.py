@@ -14,9 +14,11 @@ import json
 import re
 import struct
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
@@ -278,6 +280,56 @@ def _bitmap(jvm: Any, rows: list[int]) -> Any:
     header = struct.pack("<iqi", _PORTABLE_BITMAP_ARRAY, 1, 0)  # the magic number, one bitmap, its key
     return jvm_class(jvm, f"{DELTA}.deletionvectors.RoaringBitmapArray").readFrom(
         bytearray(header + bytes(serialized.array())))
+
+
+#: Column types whose files' statistics `files_in_ranges` compares with a range of values.
+RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+#: A table whose listed files are smaller than this together is read whole: an aggregate for the
+#: range of the keys looked for costs more than reading its files (`key_ranges`).
+PRUNE_MIN_BYTES = 64 * 1024 * 1024
+
+
+def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
+               frame: Callable[[], DataFrame], columns: Sequence[str]) -> list[tuple[str, Any, Any]] | None:
+    """For `files_in_ranges`: the range of the values looked for in each of the table's ``keys``
+    of a `RANGE_TYPES` type (``schema``: the table's, from its Delta metadata, with each column's
+    physical name), as (physical name, lowest, highest) from one aggregate of ``frame()``'s
+    ``columns`` (``columns[i]`` holding values of ``keys[i]``); an empty list where ``frame()``
+    has no value to look for. None, without a Spark job, where the table's ``files`` (two or
+    more) are smaller than `PRUNE_MIN_BYTES` together, or no key is of such a type."""
+    fields = {f.name: f for f in schema.fields}
+    at = [i for i, k in enumerate(keys) if k in fields and isinstance(fields[k].dataType, RANGE_TYPES)]
+    if len(files) < 2 or not at or sum(int(added.size()) for added in files) < PRUNE_MIN_BYTES:
+        return None
+    from pyspark.sql import functions as F
+
+    row = frame().agg(*[F.min(F.col(columns[i])).alias(f"lo{i}") for i in at],
+                      *[F.max(F.col(columns[i])).alias(f"hi{i}") for i in at]).collect()[0]
+    if any(row[f"lo{i}"] is None for i in at):
+        return []  # nothing to look for: no file holds it
+    return [(fields[keys[i]].metadata.get("delta.columnMapping.physicalName", keys[i]), row[f"lo{i}"],
+             row[f"hi{i}"]) for i in at]
+
+
+def files_in_ranges(files: list[Any], ranges: list[tuple[str, Any, Any]]) -> list[Any]:
+    """Those of ``files`` (``AddFile`` actions) that may hold a row whose every column in
+    ``ranges`` (physical name, lowest, highest: `key_ranges`) is in its range: all but those
+    whose statistics' ``minValues`` and ``maxValues`` (bounds, tight or not) of a column lie
+    outside it. A file without them for a column is kept; none where ``ranges`` is empty."""
+    if ranges == []:
+        return []
+    kept = []
+    for added in files:
+        text = added.stats()
+        try:
+            stats = json.loads(text) if text else {}
+        except ValueError:
+            stats = {}
+        lows, highs = stats.get("minValues") or {}, stats.get("maxValues") or {}
+        if not any(isinstance(lows.get(name), int) and isinstance(highs.get(name), int)
+                   and (highs[name] < lo or lows[name] > hi) for name, lo, hi in ranges):
+            kept.append(added)
+    return kept
 
 
 def partition_names(metadata: Any) -> list[str]:

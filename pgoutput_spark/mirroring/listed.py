@@ -23,6 +23,7 @@ from .deltalog import (
     checksum_files,
     file_location,
     file_operations,
+    files_in_ranges,
     files_of,
     listed_files,
     partition_names,
@@ -36,7 +37,9 @@ from .names import path_table, quote
 _log = logging.getLogger(__name__)
 
 
-def read_current(spark: SparkSession, path: str) -> DataFrame:
+def read_current(spark: SparkSession, path: str, *,
+                 ranges: Callable[[list[Any], T.StructType], list[tuple[str, Any, Any]] | None] | None = None
+                 ) -> DataFrame:
     """The Delta table at ``path`` as of its version now (`deltalog.latest_version`), not "the latest":
     Spark and Delta plan every cached frame that reads a table's latest version again after each
     write to that table (Delta's file listing jobs), and a run caches frames that read the
@@ -51,18 +54,29 @@ def read_current(spark: SparkSession, path: str) -> DataFrame:
     the version (ad hoc, warm, 2 cores). Otherwise Delta's reader of that version. In a
     Spark Connect session, which reaches no JVM, Delta's reader of the version its history names
     newest.
+
+    ``ranges``: for a caller that then looks up rows by key (a run's pre-image), given the
+    listed files and the table's schema (its Delta metadata's), the ranges of the keys looked
+    for (`deltalog.key_ranges`), or None: only the files that may hold them are read
+    (`deltalog.files_in_ranges`).
     """
     if is_connect(spark):
         newest = spark.sql(f"DESCRIBE HISTORY {path_table(path)} LIMIT 1").select("version").collect()[0][0]
         return spark.read.format("delta").option("versionAsOf", int(newest)).load(path)
-    return _read_version(spark, path, snapshot_now(spark, path))
+    return _read_version(spark, path, snapshot_now(spark, path), ranges)
 
 
-def _read_version(spark: SparkSession, path: str, snapshot: Any) -> DataFrame:
+def _read_version(spark: SparkSession, path: str, snapshot: Any,
+                  ranges: Callable[[list[Any], T.StructType], list[tuple[str, Any, Any]] | None] | None = None
+                  ) -> DataFrame:
     """`read_current` of the table at ``path`` as of ``snapshot`` (Delta's, brought up to date)."""
     files = checksum_files(snapshot, deletion_vectors=True)
     if files is None:
         return spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
+    if ranges is not None:
+        found = ranges(files, T.StructType.fromJson(json.loads(snapshot.metadata().schema().json())))
+        if found is not None:
+            files = files_in_ranges(files, found)
     with active(spark) as jvm:
         return files_of(spark, jvm, snapshot, files)
 

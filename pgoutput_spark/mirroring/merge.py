@@ -43,7 +43,9 @@ from .deltalog import (
     deletion_vector_actions,
     file_location,
     file_operations,
+    files_in_ranges,
     files_of,
+    key_ranges,
     register_metrics,
     scala_list,
     scala_seq,
@@ -291,7 +293,8 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)],
                                 *([F.col("_metadata.row_index").alias("row")] if positions else []))
 
-        matched = _matched(rows_of(files, marking), source, spec, names, history=history, positions=marking)
+        candidates = files if truncated or history or spec.mode != "keyed" else _pruned(files, source, spec, schema)
+        matched = _matched(rows_of(candidates, marking), source, spec, names, history=history, positions=marking)
         if matched is None:
             return None
         counts, located, flagged, marks = matched
@@ -368,6 +371,16 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
                                       scala_seq(jvm, matched_clauses), scala_seq(jvm, inserted_clauses),
                                       scala_seq(jvm, by_source)))
         return counts
+
+
+def _pruned(files: list[Any], source: DataFrame, spec: TableSpec, schema: T.StructType) -> list[Any]:
+    """The files of a keyed mirror (its schema ``schema``, from its Delta metadata) that may hold
+    a row the MERGE of ``source`` matches (`deltalog.key_ranges`, `deltalog.files_in_ranges`:
+    by their statistics of the keys of an integer type), or all of them. Delta's MERGE skips no
+    file by its join's keys; changes to a large mirror's recent rows (serial keys) are then
+    matched in the files they are in, not in every file."""
+    ranges = key_ranges(files, schema, spec.key, lambda: source, [quote(k) for k in spec.key])
+    return files if ranges is None else files_in_ranges(files, ranges)
 
 
 def _matched(target: DataFrame, source: DataFrame, spec: TableSpec, names: list[str], *, history: bool = False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
 from ..decoder import arrow as ab
+from .deltalog import key_ranges
 from .keys import joined_buckets
 from .listed import read_current
 from .names import quote
@@ -66,7 +68,15 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
     For a history table (`history`), ``current_only`` keeps its current versions.
     """
     k = _key_names(spec)
-    target = read_current(spark, path)  # cached by the caller, and the source of the MERGE into it
+
+    def ranges(files: list[Any], table: T.StructType) -> list[tuple[str, Any, Any]] | None:
+        # Keyed: only the files whose keys' statistics meet the looked-up keys' range (a
+        # multiset's null values match nulls, which statistics leave out).
+        if keys is None or spec.mode != "keyed":
+            return None
+        return key_ranges(files, table, spec.key, lambda: keys, k)
+
+    target = read_current(spark, path, ranges=ranges)  # cached by the caller, and the source of the MERGE into it
     if current_only:
         target = target.where(F.col("_is_current"))
     equal = [(F.col(quote(c)).eqNullSafe(F.col(k[i])) if spec.mode == "multiset"

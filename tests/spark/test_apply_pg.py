@@ -789,12 +789,16 @@ def test_a_multiset_netted_in_halves_equals_the_table(spark, pg15, tmp_path):
     assert [[(t.table, t.tasks > 1, t.skipped) for t in r.tables] for r in results] == [[("public.ms", True, 0)]] * 3
 
 
-def test_a_keyed_table_whose_keys_change_netted_in_halves_equals_the_table(spark, pg15, tmp_path):
+def test_a_keyed_table_whose_keys_change_netted_in_halves_equals_the_table(spark, pg15, tmp_path, monkeypatch):
     """A keyed table in tasks of 40 change rows: key changes and a swap through a third key in
     one transaction move rows between the tasks' buckets, each update in both as halves (before
     halves, those buckets joined into one task). A key change that leaves a TOASTed column
     unchanged cannot be halved (its value is in the old key's task): that run is netted again
-    in one task. Three runs: into a new mirror, then two looking rows up in it."""
+    in one task. Three runs: into a new mirror, then two looking rows up in it, reading only
+    the files whose keys' statistics meet the keys looked up (`deltalog.PRUNE_MIN_BYTES` 0)."""
+    from pgoutput_spark.mirroring import deltalog
+
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
     big = "repeat(md5(g::text), 100)"  # 3,200 bytes, stored EXTERNAL: TOASTed, not compressed
     _, results = _small_case(
         spark, pg15, tmp_path, "CREATE TABLE kt (id int PRIMARY KEY, v text, big text);"
@@ -818,10 +822,13 @@ def test_mirrors_with_deletion_vectors_on_mark_the_rows_runs_change_and_equal_th
     in the mirror's files, and write the updated rows anew, a TOASTed value left unchanged by an
     update taken from the row marked; a file whose rows a run mostly changes is rewritten. Three
     runs: into a new mirror, then two into its files and their vectors; after each the mirror
-    equals the table."""
+    equals the table. Files read by their keys' statistics at any size too
+    (`deltalog.PRUNE_MIN_BYTES` 0): the pre-images' and the MERGEs' reads."""
     import pgoutput_spark.mirroring.merge as merging
+    from pgoutput_spark.mirroring import deltalog
 
     monkeypatch.setattr(merging, "MARK_MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
     default = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
     big = "repeat(md5(g::text), 100)"  # TOASTed, not compressed
     spark.conf.set(default, "true")

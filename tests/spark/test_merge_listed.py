@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 import pgoutput_spark.mirroring.merge as merging
 from pgoutput_spark.mirroring import deltalog
@@ -339,3 +340,57 @@ def test_merge_listed_marks_rows_of_large_files_and_rewrites_small_or_mostly_cha
     # A redone run: nothing.
     assert merge(spark, path, spark.createDataFrame(rows, schema), spec, truncated=False, app_id=APP_ID,
                  version=11, metadata={"to_lsn": 11}) == {"inserted": 0, "updated": 0, "deleted": 0}
+
+
+def test_a_keyed_merge_matches_only_in_files_whose_key_statistics_meet_the_source_keys(
+        spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    # Files read only where their statistics' range of the key meets the keys looked for: by the
+    # MERGE's match (`_pruned`) and a run's pre-image (`read_current` with ``ranges``). Mirrors
+    # under PRUNE_MIN_BYTES (64 MiB) are read whole; here every mirror is large enough.
+    from pgoutput_spark.mirroring.listed import read_current
+
+    spec = TableSpec("keyed", ("id",), ("id", "v"))
+    path = str(tmp_path / "ranges")
+    for version, ids in enumerate((range(0, 10), range(10, 20), range(20, 30)), start=1):  # a file each
+        append(path, spark.createDataFrame([(i, f"v{i}") for i in ids], "id int, v string").coalesce(1), spec,
+               app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
+    snapshot = deltalog.snapshot_now(spark, path)
+    files = sorted(deltalog.checksum_files(snapshot),  # by their smallest id (under its physical name)
+                   key=lambda a: [v for v in json.loads(a.stats())["minValues"].values() if isinstance(v, int)])
+    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))  # physical names too
+    source_schema = "_action string, id int, v string"
+
+    def pruned(keys: list[int]) -> list[int]:
+        source = spark.createDataFrame([("upsert", k, "x") for k in keys], source_schema)
+        return [files.index(a) for a in merging._pruned(files, source, spec, schema)]
+
+    assert merging._pruned(files, spark.createDataFrame([("upsert", 12, "x")], source_schema), spec,
+                           schema) == files  # under PRUNE_MIN_BYTES: no aggregate, every file
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
+    assert pruned([12, 15]) == [1]
+    assert pruned([5, 25]) == [0, 1, 2]  # one range over all three
+    assert pruned([19, 20]) == [1, 2]
+    assert pruned([100, -3]) == [0, 1, 2]
+    assert pruned([100]) == [] and pruned([]) == []
+    # A key of another type, or one file: every file.
+    assert merging._pruned(files, spark.createDataFrame([("upsert", 1, "x")], source_schema),
+                           TableSpec("keyed", ("v",), ("id", "v")), schema) == files
+    assert merging._pruned(files[:1], spark.createDataFrame([("upsert", 15, "x")], source_schema), spec,
+                           schema) == files[:1]
+    # A pre-image's read: the files that may hold the keys looked for.
+    looked_for = spark.createDataFrame([(12,), (15,)], "k int")
+
+    def ranges(listed: list[Any], table: Any) -> Any:
+        return deltalog.key_ranges(listed, table, ["id"], lambda: looked_for, ["k"])
+
+    assert sorted(r["id"] for r in read_current(spark, path, ranges=ranges).collect()) == list(range(10, 20))
+    assert read_current(spark, path, ranges=lambda listed, table: None).count() == 30
+    # And the MERGE: its counts and rows with the files it skipped.
+    source = spark.createDataFrame([("upsert", 12, "twelve"), ("delete", 15, None), ("upsert", 31, "new")],
+                                   source_schema)
+    assert merge(spark, path, source, spec, truncated=False, app_id=APP_ID, version=10,
+                 metadata={"to_lsn": 10}) == {"inserted": 1, "updated": 1, "deleted": 1}
+    expected = {i: f"v{i}" for i in range(30) if i != 15} | {12: "twelve", 31: "new"}
+    assert _rows(spark, path) == sorted(expected.items(), key=repr)
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()["operationMetrics"]
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("1", "8")

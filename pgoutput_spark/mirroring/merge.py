@@ -468,7 +468,7 @@ def _marked(marks: DataFrame, named: list[tuple[str, Any]], counts: dict[str, in
     the files the MERGE touches (``named``: as ``marks`` names them, with their ``AddFile``) of
     `MARK_MIN_FILE_BYTES` or more, where the MERGE changes at most half their rows, with their
     matched rows in ``marks`` (``file``, ``row``; keyed: those with a ``file``). None where the
-    MERGE changes more than `MARK_MAX_ROWS` rows: it rewrites them all."""
+    MERGE changes more than `MARK_MAX_ROWS` rows (an empty list: it rewrites them all)."""
     large = {name: added for name, added in named
              if added is not None and int(added.size()) >= MARK_MIN_FILE_BYTES}
     if not large or counts["updated"] + counts["deleted"] > MARK_MAX_ROWS:

@@ -5,9 +5,11 @@ It must leave a mirror exactly as Delta's MERGE of the same net rows does (rows,
 the run reports, the commit's transaction identifier and metadata), on mirrors as runs leave
 them: column mapping with names of any character, a column widened after rows were written,
 a dropped column that updates keep and inserts leave null, multisets with duplicate and null
-rows, truncated tables. The oracle is Delta's own MERGE of the same rows into a copy of the
-same mirror. Every other table (change data feed, deletion vectors, two net rows for one key)
-is Delta's.
+rows, truncated tables, and with deletion vectors on, rows marked deleted in large files.
+The oracle is Delta's own MERGE of the same rows into a copy of the same mirror. Every other
+table (change data feed, a history with deletion vectors, two net rows for one key) is
+Delta's. Keyed mirrors are matched only in the files whose key statistics meet the source's
+keys (checked file by file).
 """
 
 from __future__ import annotations

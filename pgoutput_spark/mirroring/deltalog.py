@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
+from ..spark.session import one_row
 from ..version import __version__
 from .names import path_table
 
@@ -265,8 +268,6 @@ def _bitmap(jvm: Any, rows: list[int]) -> Any:
     """Delta's ``RoaringBitmapArray`` of ``rows`` (row indexes under 2**31), built in the JVM from
     one array of bytes (not a py4j call per row): a RoaringBitmap of the indexes, in Delta's
     portable form (its magic number, one 32-bit bitmap, of key 0)."""
-    import numpy as np
-
     values = np.asarray(rows, dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() >= 2**31):
         raise ValueError(f"a row index out of a deletion vector's 32-bit range: {values.min()}..{values.max()}")
@@ -287,10 +288,12 @@ RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 #: A table whose listed files are smaller than this together is read whole: an aggregate for the
 #: range of the keys looked for costs more than reading its files (`key_ranges`).
 PRUNE_MIN_BYTES = 64 * 1024 * 1024
+#: Ranges of key values looked for (`key_ranges`): (a column's physical name, lowest, highest).
+KeyRanges = list[tuple[str, Any, Any]]
 
 
 def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
-               frame: Callable[[], DataFrame], columns: Sequence[str]) -> list[tuple[str, Any, Any]] | None:
+               frame: Callable[[], DataFrame], columns: Sequence[str]) -> KeyRanges | None:
     """For `files_in_ranges`: the range of the values looked for in each of the table's ``keys``
     of a `RANGE_TYPES` type (``schema``: the table's, from its Delta metadata, with each column's
     physical name), as (physical name, lowest, highest) from one aggregate of ``frame()``'s
@@ -301,17 +304,15 @@ def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
     at = [i for i, k in enumerate(keys) if k in fields and isinstance(fields[k].dataType, RANGE_TYPES)]
     if len(files) < 2 or not at or sum(int(added.size()) for added in files) < PRUNE_MIN_BYTES:
         return None
-    from pyspark.sql import functions as F
-
-    row = frame().agg(*[F.min(F.col(columns[i])).alias(f"lo{i}") for i in at],
-                      *[F.max(F.col(columns[i])).alias(f"hi{i}") for i in at]).collect()[0]
+    row = one_row(frame().agg(*[F.min(F.col(columns[i])).alias(f"lo{i}") for i in at],
+                              *[F.max(F.col(columns[i])).alias(f"hi{i}") for i in at]))
     if any(row[f"lo{i}"] is None for i in at):
         return []  # nothing to look for: no file holds it
     return [(fields[keys[i]].metadata.get("delta.columnMapping.physicalName", keys[i]), row[f"lo{i}"],
              row[f"hi{i}"]) for i in at]
 
 
-def files_in_ranges(files: list[Any], ranges: list[tuple[str, Any, Any]]) -> list[Any]:
+def files_in_ranges(files: list[Any], ranges: KeyRanges) -> list[Any]:
     """Those of ``files`` (``AddFile`` actions) that may hold a row whose every column in
     ``ranges`` (physical name, lowest, highest: `key_ranges`) is in its range: all but those
     whose statistics' ``minValues`` and ``maxValues`` (bounds, tight or not) of a column lie

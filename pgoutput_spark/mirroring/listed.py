@@ -19,6 +19,7 @@ from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
 from .deltalog import (
     DELTA,
+    KeyRanges,
     active,
     checksum_files,
     file_location,
@@ -38,8 +39,7 @@ _log = logging.getLogger(__name__)
 
 
 def read_current(spark: SparkSession, path: str, *,
-                 ranges: Callable[[list[Any], T.StructType], list[tuple[str, Any, Any]] | None] | None = None
-                 ) -> DataFrame:
+                 ranges: Callable[[list[Any], T.StructType], KeyRanges | None] | None = None) -> DataFrame:
     """The Delta table at ``path`` as of its version now (`deltalog.latest_version`), not "the latest":
     Spark and Delta plan every cached frame that reads a table's latest version again after each
     write to that table (Delta's file listing jobs), and a run caches frames that read the
@@ -67,8 +67,7 @@ def read_current(spark: SparkSession, path: str, *,
 
 
 def _read_version(spark: SparkSession, path: str, snapshot: Any,
-                  ranges: Callable[[list[Any], T.StructType], list[tuple[str, Any, Any]] | None] | None = None
-                  ) -> DataFrame:
+                  ranges: Callable[[list[Any], T.StructType], KeyRanges | None] | None = None) -> DataFrame:
     """`read_current` of the table at ``path`` as of ``snapshot`` (Delta's, brought up to date)."""
     files = checksum_files(snapshot, deletion_vectors=True)
     if files is None:

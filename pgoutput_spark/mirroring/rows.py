@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..assemble.typed import META_NAMES
 from ..decoder import arrow as ab
-from .deltalog import key_ranges
+from .deltalog import KeyRanges, key_ranges
 from .keys import joined_buckets
 from .listed import read_current
 from .names import quote
@@ -69,7 +69,7 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
     """
     k = _key_names(spec)
 
-    def ranges(files: list[Any], table: T.StructType) -> list[tuple[str, Any, Any]] | None:
+    def ranges(files: list[Any], table: T.StructType) -> KeyRanges | None:
         # Keyed: only the files whose keys' statistics meet the looked-up keys' range (a
         # multiset's null values match nulls, which statistics leave out).
         if keys is None or spec.mode != "keyed":

@@ -15,10 +15,12 @@ import re
 import struct
 import time
 from collections.abc import Callable, Sequence
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -283,54 +285,148 @@ def _bitmap(jvm: Any, rows: list[int]) -> Any:
         bytearray(header + bytes(serialized.array())))
 
 
-#: Column types whose files' statistics `files_in_ranges` compares with a range of values.
-RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 #: A table whose listed files are smaller than this together is read whole: an aggregate for the
 #: range of the keys looked for costs more than reading its files (`key_ranges`).
 PRUNE_MIN_BYTES = 64 * 1024 * 1024
-#: Ranges of key values looked for (`key_ranges`): (a column's physical name, lowest, highest).
-KeyRanges = list[tuple[str, Any, Any]]
+#: Ranges of key values looked for (`key_ranges`): (a column's physical name, its kind (`_kind`),
+#: lowest, highest), the values as `_bound` gives a file's statistics of that kind.
+KeyRanges = list[tuple[str, str, Any, Any]]
+
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _kind(data_type: T.DataType) -> str | None:
+    """How `key_ranges` and `_bound` compare values of a column's type, where files' statistics
+    bound them (`files_in_ranges`): ``number`` (integers and decimals, as they are), ``date``
+    (days since 1970), ``timestamp`` and ``ntz`` (microseconds since 1970, in UTC and in no time
+    zone), ``string`` (by code point: UTF-8's byte order, which Spark's and Delta's statistics
+    follow); None for other types (floating point, booleans, binary, nested: not compared)."""
+    if isinstance(data_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)):
+        return "number"
+    if isinstance(data_type, T.DateType):
+        return "date"
+    if isinstance(data_type, T.TimestampType):
+        return "timestamp"
+    if isinstance(data_type, T.TimestampNTZType):
+        return "ntz"
+    return "string" if isinstance(data_type, T.StringType) else None
+
+
+def _aggregated(kind: str, value: Column) -> Column:
+    """A minimum's or maximum's ``value`` as `_looked_for` reads it back: exact, whatever the
+    session's time zone (``unix_date``, ``unix_micros``; a timestamp without time zone as text,
+    which the driver parses: its years may lie beyond Python's)."""
+    if kind == "date":
+        return F.unix_date(value)
+    if kind == "timestamp":
+        return F.unix_micros(value)
+    return value.cast("string") if kind == "ntz" else value
+
+
+def _looked_for(kind: str, value: Any) -> Any:
+    """An `_aggregated` value as a range's end, or None where it cannot be one (a timestamp
+    without time zone beyond Python's years)."""
+    if kind != "ntz":
+        return value
+    try:
+        return (datetime.fromisoformat(value) - _EPOCH) // _MICROSECOND
+    except ValueError:
+        return None
+
+
+def _bound(kind: str, value: Any, *, high: bool) -> Any:
+    """A file's statistic (``minValues``' or, ``high``, ``maxValues``' value, as parsed from its
+    JSON, decimals as `Decimal`) as a bound of its column's values of ``kind`` (`_kind`), or None
+    where it is none that `files_in_ranges` can compare (missing, of another type, a date or
+    timestamp beyond Python's years). Delta writes strings' bounds already widened where it
+    truncated them; timestamps to the millisecond, cut (a file's highest value may be up to
+    999 microseconds above its statistic), with their offset from UTC to the minute (the
+    offsets of local mean time have seconds): a timestamp's bounds are widened by a minute."""
+    if kind == "number":
+        return value if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None
+    if not isinstance(value, str):
+        return None
+    if kind == "string":
+        return value
+    try:
+        if kind == "date":
+            return date.fromisoformat(value).toordinal() - _EPOCH_DAY
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if (moment.tzinfo is None) != (kind == "ntz"):
+        return None
+    if kind == "ntz":
+        micros = (moment - _EPOCH) // _MICROSECOND
+        return micros + 999 if high else micros
+    micros = (moment - _EPOCH_UTC) // _MICROSECOND
+    return micros + 60_000_999 if high else micros - 60_000_000
 
 
 def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
                frame: Callable[[], DataFrame], columns: Sequence[str]) -> KeyRanges | None:
     """For `files_in_ranges`: the range of the values looked for in each of the table's ``keys``
-    of a `RANGE_TYPES` type (``schema``: the table's, from its Delta metadata, with each column's
-    physical name), as (physical name, lowest, highest) from one aggregate of ``frame()``'s
-    ``columns`` (``columns[i]`` holding values of ``keys[i]``); an empty list where ``frame()``
-    has no value to look for. None, without a Spark job, where the table's ``files`` (two or
-    more) are smaller than `PRUNE_MIN_BYTES` together, or no key is of such a type."""
+    of a type `_kind` knows (``schema``: the table's, from its Delta metadata, with each column's
+    physical name), from one aggregate of ``frame()``'s ``columns`` (``columns[i]`` holding values
+    of ``keys[i]``, of the same kind: `_kind`); an empty list where ``frame()`` has no row.
+
+    A key for which ``frame()`` has a null (a multiset's identity: nulls match nulls, which
+    statistics leave out) or a value of another kind is left out. None, without a Spark job
+    where it can tell, where the table's ``files`` (two or more) are smaller than
+    `PRUNE_MIN_BYTES` together, or no key is left."""
     fields = {f.name: f for f in schema.fields}
-    at = [i for i, k in enumerate(keys) if k in fields and isinstance(fields[k].dataType, RANGE_TYPES)]
+    kinds = {i: kind for i, kind in enumerate(_kind(fields[k].dataType) if k in fields else None for k in keys)
+             if kind is not None}
+    at = list(kinds)
     if len(files) < 2 or not at or sum(int(added.size()) for added in files) < PRUNE_MIN_BYTES:
         return None
-    row = one_row(frame().agg(*[F.min(F.col(columns[i])).alias(f"lo{i}") for i in at],
-                              *[F.max(F.col(columns[i])).alias(f"hi{i}") for i in at]))
-    if any(row[f"lo{i}"] is None for i in at):
+    looked = frame()
+    types = looked.select(*[F.col(columns[i]) for i in at]).schema.fields
+    at = [i for i, field in zip(at, types) if _kind(field.dataType) == kinds[i]]
+    if not at:
+        return None
+    row = one_row(looked.agg(F.count(F.lit(1)).alias("n"),
+                             *[F.count(F.col(columns[i])).alias(f"v{i}") for i in at],
+                             *[_aggregated(kinds[i], F.min(F.col(columns[i]))).alias(f"lo{i}") for i in at],
+                             *[_aggregated(kinds[i], F.max(F.col(columns[i]))).alias(f"hi{i}") for i in at]))
+    if row["n"] == 0:
         return []  # nothing to look for: no file holds it
-    return [(fields[keys[i]].metadata.get("delta.columnMapping.physicalName", keys[i]), row[f"lo{i}"],
-             row[f"hi{i}"]) for i in at]
+    found: KeyRanges = []
+    for i in at:
+        lo, hi = _looked_for(kinds[i], row[f"lo{i}"]), _looked_for(kinds[i], row[f"hi{i}"])
+        if row[f"v{i}"] == row["n"] and lo is not None and hi is not None:
+            name = str(fields[keys[i]].metadata.get("delta.columnMapping.physicalName", keys[i]))
+            found.append((name, kinds[i], lo, hi))
+    return found or None
 
 
 def files_in_ranges(files: list[Any], ranges: KeyRanges) -> list[Any]:
     """Those of ``files`` (``AddFile`` actions) that may hold a row whose every column in
-    ``ranges`` (physical name, lowest, highest: `key_ranges`) is in its range: all but those
-    whose statistics' ``minValues`` and ``maxValues`` (bounds, tight or not) of a column lie
-    outside it. A file without them for a column is kept; none where ``ranges`` is empty."""
+    ``ranges`` (`key_ranges`) is in its range: all but those whose statistics' ``minValues`` or
+    ``maxValues`` (bounds, tight or not: `_bound`) of a column lie outside it. A file without
+    them for a column is kept; none where ``ranges`` is empty."""
     if ranges == []:
         return []
     kept = []
     for added in files:
         text = added.stats()
         try:
-            stats = json.loads(text) if text else {}
+            stats = json.loads(text, parse_float=Decimal) if text else {}
         except ValueError:
             stats = {}
         lows, highs = stats.get("minValues") or {}, stats.get("maxValues") or {}
-        if not any(isinstance(lows.get(name), int) and isinstance(highs.get(name), int)
-                   and (highs[name] < lo or lows[name] > hi) for name, lo, hi in ranges):
+        if not any(_outside(_bound(kind, lows.get(name), high=False), _bound(kind, highs.get(name), high=True), lo, hi)
+                   for name, kind, lo, hi in ranges):
             kept.append(added)
     return kept
+
+
+def _outside(low: Any, high: Any, lo: Any, hi: Any) -> bool:
+    """Whether a file's bounds ``low`` .. ``high`` (either None: unknown) leave out ``lo`` .. ``hi``."""
+    return (high is not None and high < lo) or (low is not None and low > hi)
 
 
 def partition_names(metadata: Any) -> list[str]:

@@ -70,9 +70,10 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
     k = _key_names(spec)
 
     def ranges(files: list[Any], table: T.StructType) -> KeyRanges | None:
-        # Keyed: only the files whose keys' statistics meet the looked-up keys' range (a
-        # multiset's null values match nulls, which statistics leave out).
-        if keys is None or spec.mode != "keyed":
+        # Only the files whose keys' statistics meet the looked-up keys' range (a multiset's
+        # identity columns where no key looked up is null: nulls match nulls, which statistics
+        # leave out).
+        if keys is None:
             return None
         return key_ranges(files, table, spec.key, lambda: keys, k)
 

@@ -815,6 +815,51 @@ def test_a_keyed_table_whose_keys_change_netted_in_halves_equals_the_table(spark
         [[("public.kt", True, 0)], [("public.kt", True, 0)], [("public.kt", False, 0)]]
 
 
+def test_mirrors_keyed_by_times_and_text_and_multisets_are_read_by_statistics_and_equal_the_tables(
+        spark, pg15, tmp_path, monkeypatch):
+    """Files read by their statistics at any size (`deltalog.PRUNE_MIN_BYTES` 0) for a table
+    keyed by a timestamptz and a text, and a FULL-identity table without a key (a multiset:
+    its identity's columns without nulls, here a timestamp, a date, a numeric and a text).
+    Three runs: new mirrors; inserts of later rows with an update and a delete of earlier ones
+    (a second file each); changes to the later rows only, whose reads (pre-images and MERGEs)
+    skip the first files. After each run the mirrors equal the tables."""
+    import pgoutput_spark.mirroring.listed as listed
+    import pgoutput_spark.mirroring.merge as merging
+    from pgoutput_spark.mirroring import deltalog
+
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
+    kept: list[tuple[int, int]] = []  # (files listed, files kept) of each read by statistics
+
+    def recorded(files: list[Any], ranges: Any) -> list[Any]:
+        out = deltalog.files_in_ranges(files, ranges)
+        kept.append((len(files), len(out)))
+        return out
+
+    monkeypatch.setattr(listed, "files_in_ranges", recorded)
+    monkeypatch.setattr(merging, "files_in_ranges", recorded)
+    at = "timestamptz '2024-06-01 00:00:00.000500+00' + g * interval '1 hour'"
+    rows = (f"INSERT INTO ev SELECT {at}, 'code-' || lpad(g::text, 4, '0') || repeat('x', 40), g"
+            " FROM generate_series({lo}, {hi}) g",
+            f"INSERT INTO fm SELECT ({at})::timestamp, date '2024-01-01' + g, g * 1.000001, 'n' || g"
+            " FROM generate_series({lo}, {hi}) g, generate_series(1, 2)")  # each row twice
+    _, results = _small_case(
+        spark, pg15, tmp_path, "CREATE TABLE ev (at timestamptz, code text, n int, PRIMARY KEY (at, code));"
+        " CREATE TABLE fm (at timestamp, d date, amount numeric, note text);"
+        " ALTER TABLE fm REPLICA IDENTITY FULL",
+        tuple(r.format(lo=1, hi=50) for r in rows),
+        (*(r.format(lo=101, hi=150) for r in rows),
+         "UPDATE ev SET n = -n WHERE n = 7", "DELETE FROM ev WHERE n = 8",
+         "DELETE FROM fm WHERE ctid = (SELECT min(ctid) FROM fm WHERE note = 'n9')"),
+        ("UPDATE ev SET n = n * 10 WHERE n BETWEEN 120 AND 130",
+         "UPDATE ev SET code = code || 'y' WHERE n = 140", "DELETE FROM ev WHERE n = 145",
+         "UPDATE fm SET note = 'changed' WHERE ctid = (SELECT min(ctid) FROM fm WHERE note = 'n120')",
+         "DELETE FROM fm WHERE d = date '2024-01-01' + 130"),
+        runs_before=(1, 2))
+    assert len(results) == 3
+    # The third run's reads: two files listed, the first skipped, by both tables.
+    assert kept and kept[-4:] == [(2, 1)] * 4, kept
+
+
 def test_mirrors_with_deletion_vectors_on_mark_the_rows_runs_change_and_equal_the_table(spark, pg15, tmp_path,
                                                                                       monkeypatch):
     """Deletion vectors on (the session's Delta default), files of any size kept

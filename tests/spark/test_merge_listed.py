@@ -8,8 +8,9 @@ a dropped column that updates keep and inserts leave null, multisets with duplic
 rows, truncated tables, and with deletion vectors on, rows marked deleted in large files.
 The oracle is Delta's own MERGE of the same rows into a copy of the same mirror. Every other
 table (change data feed, a history with deletion vectors, two net rows for one key) is
-Delta's. Keyed mirrors are matched only in the files whose key statistics meet the source's
-keys (checked file by file).
+Delta's. Mirrors are matched only in the files whose statistics of the keys (integers,
+decimals, dates, timestamps, strings; a multiset's identity columns without nulls) meet the
+source's (checked file by file, and against Delta's MERGE).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _recorded() -> tuple[list[Any], Any]:
 def test_merge_listed_leaves_a_mirror_as_delta_s_merge_does(spark: Any, tmp_path: Path, monkeypatch: Any,
                                                             seed: int) -> None:
     spec, mirror, net, truncated = _case(seed)
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)  # files matched by their statistics, at any size
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     source = spark.createDataFrame(net, SOURCE).persist()
     results, recorded = _recorded()
@@ -374,9 +376,9 @@ def test_a_keyed_merge_matches_only_in_files_whose_key_statistics_meet_the_sourc
     assert pruned([19, 20]) == [1, 2]
     assert pruned([100, -3]) == [0, 1, 2]
     assert pruned([100]) == [] and pruned([]) == []
-    # A key of another type, or one file: every file.
-    assert merging._pruned(files, spark.createDataFrame([("upsert", 1, "x")], source_schema),
-                           TableSpec("keyed", ("v",), ("id", "v")), schema) == files
+    # A string key, in its order ("v15" between "v0" and "v9"); one file: every file.
+    assert [files.index(a) for a in merging._pruned(files, spark.createDataFrame([("upsert", 1, "v15")], source_schema),
+                                                    TableSpec("keyed", ("v",), ("id", "v")), schema)] == [0, 1]
     assert merging._pruned(files[:1], spark.createDataFrame([("upsert", 15, "x")], source_schema), spec,
                            schema) == files[:1]
     # A pre-image's read: the files that may hold the keys looked for.
@@ -396,3 +398,132 @@ def test_a_keyed_merge_matches_only_in_files_whose_key_statistics_meet_the_sourc
     assert _rows(spark, path) == sorted(expected.items(), key=repr)
     metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()["operationMetrics"]
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("1", "8")
+
+
+#: A mirror keyed by a date, two timestamps, a string or a decimal (`_typed_rows`).
+TYPED = "d date, ts timestamp, ntz timestamp_ntz, s string, dec decimal(20, 6), v string"
+
+
+def _typed_rows(numbers: Any, v: str = "v") -> list[tuple]:
+    """Rows of `TYPED` whose every key grows with ``numbers``: a day, an hour each; timestamps
+    with microseconds (Delta's statistics keep milliseconds); strings longer than Delta's
+    statistics keep (32 characters), told apart by their first."""
+    import datetime as dt
+    from decimal import Decimal
+
+    return [(dt.date(2024, 1, 1) + dt.timedelta(days=n),
+             dt.datetime(2024, 6, 1) + dt.timedelta(hours=n, microseconds=500),
+             dt.datetime(2024, 6, 1) + dt.timedelta(hours=n, microseconds=500),
+             f"{n:03d}" + "x" * 40, Decimal(n) + Decimal("0.000001"), v) for n in numbers]
+
+
+def _lowest(added: Any, schema: T.StructType, column: str) -> Any:
+    """A file's statistic of the lowest value of ``column`` (under its physical name)."""
+    physical = schema[column].metadata.get("delta.columnMapping.physicalName", column)
+    return json.loads(added.stats())["minValues"][physical]
+
+
+@pytest.mark.parametrize("key", ["d", "ts", "ntz", "s", "dec"])
+def test_files_are_matched_by_statistics_of_dates_timestamps_strings_and_decimals(
+        spark: Any, tmp_path: Path, monkeypatch: Any, key: str) -> None:
+    # A mirror keyed by one column of each type, in three files of ten rows. The files kept for
+    # source keys (the file holding a timestamp's last microseconds too, cut from its statistics),
+    # then a MERGE that skips files, against Delta's own MERGE of the same rows.
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
+    spec = TableSpec("keyed", (key,), ("d", "ts", "ntz", "s", "dec", "v"))
+    paths = {name: str(tmp_path / name) for name in ("ours", "theirs")}
+    for path in paths.values():
+        for version, numbers in enumerate((range(0, 10), range(10, 20), range(20, 30)), start=1):
+            append(path, spark.createDataFrame(_typed_rows(numbers), TYPED).coalesce(1), spec, app_id=APP_ID,
+                   version=version, metadata={"to_lsn": version}, create=version == 1)
+    snapshot = deltalog.snapshot_now(spark, paths["ours"])
+    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    files = sorted(deltalog.checksum_files(snapshot), key=lambda a: _lowest(a, schema, "d"))
+    at = spec.columns.index(key)
+
+    def source(actions: list[tuple[str, int]], v: str = "new") -> Any:
+        rows = {n: row for n, row in zip([n for _, n in actions], _typed_rows([n for _, n in actions], v))}
+        return spark.createDataFrame([(action, *rows[n]) for action, n in actions], f"_action string, {TYPED}")
+
+    def pruned(numbers: list[int]) -> list[int]:
+        return [files.index(a) for a in merging._pruned(files, source([("upsert", n) for n in numbers]), spec, schema)]
+
+    assert pruned([12, 15]) == [1]
+    assert pruned([9]) == [0]  # 9 hours and 500 microseconds: its file's statistic says 9 hours
+    assert pruned([5, 25]) == [0, 1, 2]
+    assert pruned([100]) == [] and pruned([-5]) == []
+    assert pruned([]) == []
+    # A key of another kind in the source than in the mirror: not compared, every file.
+    other = spark.createDataFrame([("upsert", True)], "_action string, d boolean").withColumnRenamed("d", key)
+    assert merging._pruned(files, other, TableSpec("keyed", (key,), (key,)), schema) == files
+    # The MERGE: an update and a delete in the second file, an insert; Delta's command the oracle.
+    net = source([("upsert", 12), ("delete", 15), ("upsert", 40)])
+    results, recorded = _recorded()
+    counts = {}
+    for name, merge_listed in (("theirs", lambda *a, **k: None), ("ours", recorded)):
+        monkeypatch.setattr(merging, "merge_listed", merge_listed)
+        counts[name] = merge(spark, paths[name], net, spec, truncated=False, app_id=APP_ID, version=10,
+                             metadata={"to_lsn": 10})
+    assert results and results[0] is not None  # ours, not Delta's command
+    assert counts["ours"] == counts["theirs"] == {"inserted": 1, "updated": 1, "deleted": 1}
+    assert _rows(spark, paths["ours"]) == _rows(spark, paths["theirs"])
+    assert sorted(r[at] for r in spark.read.format("delta").load(paths["ours"]).where("v = 'new'").collect()) == \
+        sorted(_typed_rows([12, 40])[i][at] for i in range(2))
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{paths['ours']}`").orderBy(F.desc("version")).first()
+    assert (metrics["operationMetrics"]["numTargetFilesRemoved"], metrics["operationMetrics"]["numTargetRowsCopied"]) \
+        == ("1", "8")
+
+
+def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nulls(
+        spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    # A multiset (identity: every column) in three files. The files kept for its deletes' rows:
+    # by the columns in which none is null (nulls match nulls, which statistics leave out), none
+    # for a run of inserts alone; a pre-image's read likewise; a MERGE against Delta's own.
+    from pgoutput_spark.mirroring.listed import read_current
+
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
+    spec = TableSpec("multiset", ("a", "b", "c"), ("a", "b", "c"))
+    paths = {name: str(tmp_path / name) for name in ("ours", "theirs")}
+    mirror = [(n, None if n % 3 == 0 else n * 10, f"c{n:02d}") for n in range(30)]
+    for path in paths.values():
+        for version, part in enumerate((mirror[0:10], mirror[10:20], mirror[20:30]), start=1):
+            append(path, spark.createDataFrame(part * 2, "a int, b int, c string").coalesce(1), spec,  # duplicates
+                   app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
+    snapshot = deltalog.snapshot_now(spark, paths["ours"])
+    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    files = sorted(deltalog.checksum_files(snapshot), key=lambda a: _lowest(a, schema, "c"))
+    layout = "_action string, a int, b int, c string"
+
+    def pruned(rows: list[tuple]) -> list[int]:
+        return [files.index(a) for a in merging._pruned(files, spark.createDataFrame(rows, layout), spec, schema)]
+
+    assert pruned([("delete_all", 13, 130, "c13")]) == [1]
+    assert pruned([("delete_all", 13, 130, "c13"), ("delete_all", 15, None, "c15")]) == [1]  # by a and c
+    assert pruned([("delete_all", None, None, "c25"), ("delete_all", 3, None, None)]) == [0, 1, 2]  # no column left
+    assert pruned([("delete_all", None, 250, "c25")]) == [2]
+    assert pruned([("insert", 13, 130, "c13")]) == []  # inserts match nothing
+    # The pre-image's read: the rows of the files that may hold the identities looked up.
+    looked_for = spark.createDataFrame([(13, 130, "c13"), (18, None, "c18")], "k0 int, k1 int, k2 string")
+
+    def ranges(listed: list[Any], table: Any) -> Any:
+        return deltalog.key_ranges(listed, table, spec.key, lambda: looked_for, ["k0", "k1", "k2"])
+
+    assert sorted({r["a"] for r in read_current(spark, paths["ours"], ranges=ranges).collect()}) == list(range(10, 20))
+    # A MERGE that deletes both copies of two rows, inserts one back and another row: the
+    # second file rewritten, the others skipped; Delta's command the oracle.
+    net = spark.createDataFrame([("delete_all", 13, 130, "c13"), ("insert", 13, 130, "c13"),
+                                 ("delete_all", 15, None, "c15"), ("insert", 31, None, "c31")], layout)
+    results, recorded = _recorded()
+    counts = {}
+    for name, merge_listed in (("theirs", lambda *a, **k: None), ("ours", recorded)):
+        monkeypatch.setattr(merging, "merge_listed", merge_listed)
+        counts[name] = merge(spark, paths[name], net, spec, truncated=False, app_id=APP_ID, version=10,
+                             metadata={"to_lsn": 10})
+    assert results and results[0] is not None  # ours, not Delta's command
+    assert counts["ours"] == counts["theirs"] == {"inserted": 2, "updated": 0, "deleted": 4}
+    expected = sorted([r for r in mirror if r[0] not in (13, 15)] * 2 + [(13, 130, "c13"), (31, None, "c31")],
+                      key=repr)
+    assert _rows(spark, paths["ours"]) == _rows(spark, paths["theirs"]) == expected
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{paths['ours']}`").orderBy(F.desc("version")).first()
+    assert (metrics["operationMetrics"]["numTargetFilesRemoved"], metrics["operationMetrics"]["numTargetRowsCopied"]) \
+        == ("1", "16")

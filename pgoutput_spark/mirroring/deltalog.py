@@ -303,7 +303,8 @@ def _kind(data_type: T.DataType) -> str | None:
     bound them (`files_in_ranges`): ``number`` (integers and decimals, as they are), ``date``
     (days since 1970), ``timestamp`` and ``ntz`` (microseconds since 1970, in UTC and in no time
     zone), ``string`` (by code point: UTF-8's byte order, which Spark's and Delta's statistics
-    follow); None for other types (floating point, booleans, binary, nested: not compared)."""
+    follow); None for other types (floating point, booleans, binary, nested, strings of another
+    collation than Spark's binary one: not compared)."""
     if isinstance(data_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)):
         return "number"
     if isinstance(data_type, T.DateType):
@@ -312,7 +313,9 @@ def _kind(data_type: T.DataType) -> str | None:
         return "timestamp"
     if isinstance(data_type, T.TimestampNTZType):
         return "ntz"
-    return "string" if isinstance(data_type, T.StringType) else None
+    # Strings of Spark's binary collation only: another one orders and equates them otherwise.
+    binary = isinstance(data_type, T.StringType) and getattr(data_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
+    return "string" if binary else None
 
 
 def _aggregated(kind: str, value: Column) -> Column:

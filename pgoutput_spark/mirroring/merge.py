@@ -293,7 +293,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
             return frame.select(*[F.col(quote(n)).alias(f"t{i}") for i, n in enumerate(names)],
                                 *([F.col("_metadata.row_index").alias("row")] if positions else []))
 
-        candidates = files if truncated or history else _pruned(files, source, spec, schema)
+        candidates = files if truncated else _pruned(files, source, spec, schema, history=history)
         matched = _matched(rows_of(candidates, marking), source, spec, names, history=history, positions=marking)
         if matched is None:
             return None
@@ -373,15 +373,17 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         return counts
 
 
-def _pruned(files: list[Any], source: DataFrame, spec: TableSpec, schema: T.StructType) -> list[Any]:
-    """The files of a keyed or multiset mirror (its schema ``schema``, from its Delta metadata)
-    that may hold a row the MERGE of ``source`` matches (`deltalog.key_ranges`,
-    `deltalog.files_in_ranges`: by their statistics of the keys, or of a multiset's identity
-    columns its deletes carry no null in, of an integer, decimal, date, timestamp or string
-    type), or all of them. Delta's MERGE skips no file by its join's keys; changes to a large
-    mirror's recent rows (serial keys, times) are then matched in the files they are in, not in
-    every file."""
-    matching = source if spec.mode == "keyed" else source.where(F.col("_action") == "delete_all")
+def _pruned(files: list[Any], source: DataFrame, spec: TableSpec, schema: T.StructType, *,
+            history: bool = False) -> list[Any]:
+    """The files of a mirror (its schema ``schema``, from its Delta metadata) that may hold a row
+    the MERGE of ``source`` matches (`deltalog.key_ranges`, `deltalog.files_in_ranges`: by their
+    statistics of the keys, or of a multiset's identity columns its deletes carry no null in,
+    of an integer, decimal, date, timestamp or string type), or all of them; a ``history``'s:
+    the files that may hold a current version its ``close`` rows end. Delta's MERGE skips no
+    file by its join's keys; changes to a large mirror's recent rows (serial keys, times) are
+    then matched in the files they are in, not in every file."""
+    action = "close" if history else "delete_all" if spec.mode == "multiset" else None
+    matching = source if action is None else source.where(F.col("_action") == action)
     ranges = key_ranges(files, schema, spec.key, lambda: matching, [quote(k) for k in spec.key])
     return files if ranges is None else files_in_ranges(files, ranges)
 

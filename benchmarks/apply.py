@@ -69,10 +69,16 @@ MERGE_CHECKS = {MERGE_TABLE: "balance"}
 _MERGE_TXN = {"update": 50, "insert": 30, "delete": 20}  # changes per transaction
 _PRIME_ROWS = 10  # a first run of 10 updates creates the target's run state, outside the timing
 _EPOCH_2024 = 1_704_067_200
+#: Each merge variant's capture, by its directory's suffix (the mirrors are the same: a mirror's
+#: schema says nothing of its key).
+_MERGE_CAPTURES = {"no-dv": "", "dv": "", "recent": "-recent", "recent-full": "-recent-full"}
 
 
-def merge_schema(rows: int) -> str:
-    """The merge table with `rows` rows (values from the id alone, as `merge_mirror` writes them)."""
+def merge_schema(rows: int, full: bool = False) -> str:
+    """The merge table with `rows` rows (values from the id alone, as `merge_mirror` writes them);
+    `full`: no key, `REPLICA IDENTITY FULL` (its mirror a multiset), the id indexed for the workload."""
+    identity = (f"CREATE INDEX ON {MERGE_TABLE} (id); ALTER TABLE {MERGE_TABLE} REPLICA IDENTITY FULL" if full
+                else f"ALTER TABLE {MERGE_TABLE} ADD PRIMARY KEY (id)")
     return f"""
 CREATE TABLE {MERGE_TABLE} (id bigint NOT NULL, grp integer NOT NULL, balance bigint NOT NULL,
                             note text, updated_at timestamptz);
@@ -80,7 +86,7 @@ INSERT INTO {MERGE_TABLE}
 SELECT g, (g % 1000)::int, (g * 7) % 100000, 'row ' || g,
        timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second'
 FROM generate_series(1, {int(rows)}::bigint) AS g;
-ALTER TABLE {MERGE_TABLE} ADD PRIMARY KEY (id);
+{identity};
 CREATE PUBLICATION bench_merge_pub FOR TABLE {MERGE_TABLE}
 """
 
@@ -330,21 +336,23 @@ def _merge_messages(pg: PgCluster, rows: int, changes: int, recent: bool, state:
     yield from drain(pg, CAPTURE_SLOT, "bench_merge_pub", state)
 
 
-def build_merge(path: Path, rows: int, changes: int, recent: bool) -> dict[str, Any]:
+def build_merge(path: Path, rows: int, changes: int, recent: bool, full: bool = False) -> dict[str, Any]:
     """A `rows`-row table, then a capture of 10 priming updates and `changes` changes of random keys
-    (`recent`: keys among the newest 1% of the rows, or twice as many as the run updates and deletes)."""
+    (`recent`: keys among the newest 1% of the rows, or twice as many as the run updates and deletes;
+    `full`: the table without a key, `REPLICA IDENTITY FULL`)."""
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.perf_counter()
     with PgCluster.debian(15) as pg:
-        pg.execute(merge_schema(rows))
+        pg.execute(merge_schema(rows, full))
         pg.create_slot(CAPTURE_SLOT)
         state, prime = Drained(), []
         write_capture_parquet(_merge_messages(pg, rows, changes, recent, state, prime), partial / "capture",
                               rows_per_file=ROWS_PER_FILE)
         truth = pg_checks(pg, MERGE_CHECKS)
-    info = {"rows": rows, "recent": recent, "changes": state.changes - _PRIME_ROWS, "prime_hi_seq": prime[0],
-            "messages": state.seq, "build_seconds": time.perf_counter() - started, "checks": truth}
+    info = {"rows": rows, "recent": recent, "full": full, "changes": state.changes - _PRIME_ROWS,
+            "prime_hi_seq": prime[0], "messages": state.seq, "build_seconds": time.perf_counter() - started,
+            "checks": truth}
     (partial / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
@@ -723,7 +731,7 @@ def time_merge(spark: Any, info: dict[str, Any], path: Path, base: Path, out: Pa
     same = delta_checks(spark, str(target), MERGE_CHECKS) == info["checks"]
     metrics = merge_metrics(spark, mirror)
     t = run.result.tables[0] if run.result.tables else None
-    print(f"  {rows:>12,} rows  {variant:<6} {info['changes']:>6,} changes {run.seconds:7.1f} s  "
+    print(f"  {rows:>12,} rows  {variant:<11} {info['changes']:>6,} changes {run.seconds:7.1f} s  "
           f"(+{t.inserted if t else 0} ~{t.updated if t else 0} -{t.deleted if t else 0}; mirror equals the "
           f"source: {same}; MERGE {metrics.get('executionTimeMs', 0) / 1000:.1f} s, scan "
           f"{metrics.get('scanTimeMs', 0) / 1000:.1f} s, rewrite {metrics.get('rewriteTimeMs', 0) / 1000:.1f} s, "
@@ -764,14 +772,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_e2e:
         e2e_info = prepared(e2e_path, args.reuse, lambda p: build_e2e(p, args.changes),
                             f"{args.changes:,}+ changes of pgbench + bench_wide, subscriber timed")
-    captures: dict[tuple[int, bool], tuple[Path, dict[str, Any]]] = {}  # (rows, recent keys) ->
+    captures: dict[tuple[int, str], tuple[Path, dict[str, Any]]] = {}  # (rows, capture: "", -recent, -recent-full)
     if not args.skip_merge:
         for rows in args.sizes:
-            for recent in sorted({v == "recent" for v in args.merge_variants}):
-                path = args.data_dir / f"apply-merge-{rows}-{args.merge_changes}{'-recent' if recent else ''}"
-                captures[rows, recent] = (path, prepared(
-                    path, args.reuse, lambda p, r=rows, k=recent: build_merge(p, r, args.merge_changes, k),
-                    f"{rows:,}-row table, {args.merge_changes:,} changes of {'recent' if recent else 'random'} keys"))
+            for kind in sorted({_MERGE_CAPTURES[v] for v in args.merge_variants}):
+                path = args.data_dir / f"apply-merge-{rows}-{args.merge_changes}{kind}"
+                recent, full = kind != "", kind == "-recent-full"
+                captures[rows, kind] = (path, prepared(
+                    path, args.reuse, lambda p, r=rows, k=recent, f=full: build_merge(p, r, args.merge_changes, k, f),
+                    f"{rows:,}-row table{' without a key' if full else ''}, {args.merge_changes:,} changes of "
+                    f"{'recent' if recent else 'random'} keys"))
 
     spark = spark_session(args.driver_memory, out / "spark-local", dict(c.split("=", 1) for c in args.conf))
     try:
@@ -795,7 +805,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for repeat in range(args.merge_runs):
                 for rows in (args.sizes if repeat % 2 == 0 else args.sizes[::-1]):
                     for variant in args.merge_variants:
-                        path, info = captures[rows, variant == "recent"]
+                        path, info = captures[rows, _MERGE_CAPTURES[variant]]
                         runs.setdefault(f"{rows}/{variant}", []).append(
                             time_merge(spark, info, path, mirrors[rows], out, variant))
             results["merge"] = runs
@@ -849,7 +859,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--merge-variants", default="no-dv",
                         help="[b]: comma-separated: no-dv (random keys, deletion vectors off: mirrors as "
                              "the job makes them), dv (random keys, deletion vectors on), recent (keys "
-                             "among the newest 1%% of rows, deletion vectors on) (default no-dv)")
+                             "among the newest 1%% of rows, deletion vectors on), recent-full (the same "
+                             "changes to the table without a key, REPLICA IDENTITY FULL: a multiset) "
+                             "(default no-dv)")
     parser.add_argument("--merge-runs", type=int, default=1, help="[b]: runs per size and variant; the best counts")
     parser.add_argument("--rows-per-file", type=int, default=1_000_000,
                         help="[b]: rows per Parquet file of the initial mirrors (default 1,000,000)")
@@ -879,8 +891,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--key: expected SCHEMA.TABLE=COL[,COL], got {args.key}")
     args.merge_variants = [v.strip() for v in args.merge_variants.split(",") if v.strip()]
-    if not set(args.merge_variants) <= {"dv", "no-dv", "recent"}:
-        parser.error(f"--merge-variants: dv, no-dv and recent only, got {args.merge_variants}")
+    if not set(args.merge_variants) <= set(_MERGE_CAPTURES):
+        parser.error(f"--merge-variants: {', '.join(_MERGE_CAPTURES)} only, got {args.merge_variants}")
     if min(args.changes, args.e2e_runs, args.net_task_rows, args.merge_changes, args.merge_runs, args.rows_per_file, *args.sizes) < 1:
         parser.error("--changes, --e2e-runs, --sizes, --merge-changes, --merge-runs and --rows-per-file "
                      "must be at least 1")

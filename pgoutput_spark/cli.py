@@ -293,7 +293,7 @@ def run_verify_command(config: Config, args: argparse.Namespace) -> Any:
     return result
 
 
-def _capture(config: Config):
+def _capture(config: Config) -> tuple[Any, Any, CaptureColumns]:
     spark = _spark(config)
     capture = read_capture(spark, config.capture.path, format=config.capture.format)  # type: ignore[arg-type]
     xid = config.capture.xid_column if config.capture.xid_column in capture.columns else None

@@ -6,6 +6,8 @@ callers (jobs, Airflow tasks, notebooks) can catch one type.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .lsn import Lsn
 
 
@@ -63,14 +65,15 @@ class DecodeError(PgoutputSparkError):
         head = self.field + (f" at {' '.join(where)}" if where else "")
         return f"{head}: {self.reason}" if head else self.reason  # the whole line, recovered from a task
 
-    def __reduce__(self):  # keep the fields when Spark pickles the error
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep the fields when Spark pickles the error
         return (
             _rebuild_decode_error,
             (self.reason, self.field, self.offset, self.message_type, self.seq, self.lsn),
         )
 
 
-def _rebuild_decode_error(reason, field, offset, message_type, seq, lsn):
+def _rebuild_decode_error(reason: str, field: str, offset: int, message_type: str | None, seq: int | None,
+                          lsn: int | None) -> DecodeError:
     return DecodeError(
         reason, field=field, offset=offset, message_type=message_type, seq=seq, lsn=lsn
     )
@@ -132,12 +135,13 @@ class TypeConversionError(PgoutputSparkError):
         at = f" at index {self.index}" if self.index is not None else ""
         return f"can't convert {fmt}value {self.show(self.value)}{at} to {self.type_name}: {self.reason}"
 
-    def __reduce__(self):  # keep the fields when Spark pickles the error
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep the fields when Spark pickles the error
         return (
             _rebuild_type_conversion_error,
             (self.reason, self.type_name, self.format, self.value, self.index),
         )
 
 
-def _rebuild_type_conversion_error(reason, type_name, format, value, index):
+def _rebuild_type_conversion_error(reason: str, type_name: str | None, format: str | None, value: bytes | None,
+                                   index: int | None) -> TypeConversionError:
     return TypeConversionError(reason, type_name=type_name, format=format, value=value, index=index)

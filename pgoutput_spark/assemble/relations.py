@@ -53,7 +53,7 @@ class RelationVersion:
         return tuple(c.name for c in self.columns if c.is_key)
 
     @classmethod
-    def from_row(cls, seq: int, relation: dict) -> "RelationVersion":
+    def from_row(cls, seq: int, relation: dict[str, Any]) -> "RelationVersion":
         return cls(
             seq=seq,
             relation_id=relation["relation_id"],
@@ -134,7 +134,7 @@ class RelationHistory:
             self.relations[relation_id] = _changes(self.relations.get(relation_id, []), fresh, self.layout, kept)
         return sorted(kept, key=lambda v: v.seq)
 
-    def layout(self, version: RelationVersion) -> tuple:
+    def layout(self, version: RelationVersion) -> tuple[Any, ...]:
         """What ``version`` says of a change: its relation's names, replica identity, columns and
         the columns' types as resolved then (equal layouts convert changes alike)."""
         return (version.namespace, version.name, version.replica_identity, version.columns,
@@ -204,11 +204,11 @@ def versions_from_rows(rows: Iterable[Any]) -> list[RelationVersion | TypeVersio
     return out
 
 
-def _changes(held: list, new: list, layout: Callable[[Any], Any], kept: list) -> list:
+def _changes(held: list[Any], new: list[Any], layout: Callable[[Any], Any], kept: list[Any]) -> list[Any]:
     """``held`` and ``new`` versions in seq order, leaving out a version at a seq already taken
     (the one held stays) and one whose ``layout`` equals the version's before it; those of
     ``new`` that stay are added to ``kept``."""
-    out: list = []
+    out: list[Any] = []
     fresh = {id(v) for v in new}
     before = None
     for v in sorted([*held, *new], key=lambda v: (v.seq, id(v) in fresh)):

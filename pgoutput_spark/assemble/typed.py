@@ -11,7 +11,8 @@ batch is handled by converting each version's rows with its own column list.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -264,7 +265,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
             history.version_at(relation_id, int(seq[missing[0]]))  # raises UnknownRelationError
         # Versions apart that describe the same columns again (a column added, then dropped):
         # their rows are converted together.
-        same: dict[tuple, int] = {}
+        same: dict[tuple[Any, ...], int] = {}
         for v in np.unique(version_of[change_rows]).tolist():
             first = same.setdefault(history.layout(versions[v]), v)
             if first != v:
@@ -288,7 +289,7 @@ def typed_changes(batch: pa.RecordBatch, relation_id: int, history: RelationHist
         # One version and no truncate among the rows (the common case): nothing to move.
         in_place = len(parts) == 1 and parts[0][0].size == n
 
-        def scatter(name: str, pick, type_: pa.DataType) -> pa.Array:
+        def scatter(name: str, pick: Callable[[Any], dict[str, pa.Array]], type_: pa.DataType) -> pa.Array:
             chunks = [pick(p).get(name, pa.nulls(p[0].size, type_)) for p in parts]
             if in_place:
                 return chunks[0].cast(type_)

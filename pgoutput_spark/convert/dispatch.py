@@ -84,9 +84,9 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
     if old == pa.float32() and new == pa.float64():
         return True
     if pa.types.is_decimal(old) and pa.types.is_decimal(new):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+        return bool(new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale)
     if old in _INTEGERS and pa.types.is_decimal(new):
-        return new.precision - new.scale >= _INTEGER_DIGITS[old]
+        return bool(new.precision - new.scale >= _INTEGER_DIGITS[old])
     return False
 
 

@@ -12,8 +12,8 @@ from .reader import BatchReader, ErrorCode
 
 def is_byte_strings(kind: pa.DataType) -> bool:
     """Whether ``kind`` is (large) string or binary: offsets, then the values' bytes."""
-    return (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_large_binary(kind))
+    return bool(pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_large_binary(kind))
 
 
 def value_offsets(array: pa.Array) -> np.ndarray:

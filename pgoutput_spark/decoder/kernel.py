@@ -32,7 +32,7 @@ from .change import MARKERS, NEW_MARKER
 from .reader import BatchReader, ErrorCode
 
 try:  # numba is a dependency, but a cluster may lack it: the NumPy walk then runs.
-    import numba
+    import numba as numba  # the other kernels' modules ask kernel.numba whether it is there
     from numba.core import cgutils
     from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised where numba is absent

@@ -265,7 +265,8 @@ class Cursor:
 
     @property
     def ok(self) -> np.ndarray:
-        return ~self.r.bad[self.rows]
+        good: np.ndarray = ~self.r.bad[self.rows]
+        return good
 
     def where(self, mask: np.ndarray) -> "Cursor":
         """A cursor over the messages selected by ``mask`` (positions copied)."""
@@ -280,7 +281,8 @@ class Cursor:
 
     def _read(self, rows: np.ndarray, pos: np.ndarray, nbytes: int, dtype: str, field: str) -> np.ndarray:
         self._need(rows, pos, nbytes, field)
-        return self.r.view(dtype)[np.minimum(pos, self.r.buf.size - nbytes)]
+        values: np.ndarray = self.r.view(dtype)[np.minimum(pos, self.r.buf.size - nbytes)]
+        return values
 
     def uint(self, nbytes: int, field: str) -> np.ndarray:
         """An unsigned big-endian integer of 1, 2 or 4 bytes, as int64."""

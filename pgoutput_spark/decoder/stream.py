@@ -79,7 +79,8 @@ class StreamEvents:
         if self.seq.size == 0:
             return np.zeros(seq.size, dtype=bool)
         before = np.searchsorted(self.seq, seq, side="left") - 1
-        return (before >= 0) & self.is_start[np.maximum(before, 0)]
+        starts: np.ndarray = (before >= 0) & self.is_start[np.maximum(before, 0)]
+        return starts
 
 
 def _check_alternation(seq: np.ndarray, is_start: np.ndarray, lsns: np.ndarray | None) -> None:

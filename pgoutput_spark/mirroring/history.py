@@ -34,7 +34,7 @@ history to the new mirror's rows (`resnapshot_history`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,9 @@ import pyarrow.compute as pc
 
 from ..assemble.typed import change_schema, data_fields
 from .net import NEW_HALF, OLD_HALF, TableSpec, _provenance, leave_out, prepare
+
+if TYPE_CHECKING:
+    from .schema import SchemaPlan
 
 #: The history's own columns, after the table's columns.
 HISTORY_NAMES = ("_valid_from_lsn", "_valid_to_lsn", "_valid_from_ts", "_valid_to_ts", "_is_current",
@@ -54,7 +57,7 @@ def history_fields(timestamp: pa.DataType) -> list[pa.Field]:
             pa.field("_is_current", pa.bool_()), pa.field("_version_seq", pa.int64())]
 
 
-def plan_history(spark: Any, path: str, name: str, columns: list[tuple[str, pa.DataType]]) -> Any:
+def plan_history(spark: Any, path: str, name: str, columns: list[tuple[str, pa.DataType]]) -> SchemaPlan:
     """The schema plan (`schema.plan_schema`) of the history table at ``path`` of the table ``name``
     whose columns are ``columns``: those, then `HISTORY_NAMES`. A type change the history cannot
     follow names the remedy: move it away (the next run starts a new one from the mirror's rows)."""

@@ -213,10 +213,11 @@ def key_codes(columns: Sequence[pa.Array | pa.ChunkedArray], *, hash_mask: int =
             hash_words(hashes, w)
         for address, length in var_columns:
             hash_bytes(hashes, address, length)
-        codes, first = number_hashes(hashes, hash_mask)
+        numbered: np.ndarray
+        numbered, first = number_hashes(hashes, hash_mask)
         if (all(same_words(w, first) for w in words)
                 and all(same_bytes(address, length, first) for address, length in var_columns)):
-            return codes
+            return numbered
     codes = [mapped([_column_codes(c)], source)[0] for c, source in zip(columns, sources)]
     return codes[0] if len(codes) == 1 else key_codes_from(codes)
 

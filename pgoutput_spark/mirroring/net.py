@@ -150,19 +150,23 @@ class Prepared:
 
     @cached_property
     def new_code(self) -> list[int]:
-        return self.codes[:self.rows.num_rows].tolist()
+        codes: list[int] = self.codes[:self.rows.num_rows].tolist()
+        return codes
 
     @cached_property
     def old_code(self) -> list[int]:
-        return self.codes[self.rows.num_rows:].tolist()
+        codes: list[int] = self.codes[self.rows.num_rows:].tolist()
+        return codes
 
     @cached_property
     def has_old(self) -> list[bool]:
-        return self.has_old_rows.tolist()
+        has: list[bool] = self.has_old_rows.tolist()
+        return has
 
     @cached_property
     def order(self) -> list[int]:
-        return self.commit_order.tolist()
+        order: list[int] = self.commit_order.tolist()
+        return order
 
     @cached_property
     def unchanged(self) -> dict[int, list[int]]:

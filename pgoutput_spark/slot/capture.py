@@ -438,7 +438,7 @@ def _at_end(source: SlotSource, stop_lsn: Lsn | None) -> bool:
     return stop_lsn is None or source.server_lsn() <= stop_lsn
 
 
-def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn | None,
+def _read_chunk(source: SlotSource, chunk: Any, seq: int, limit: int, stop_lsn: Lsn | None,
                 batch_rows: int, start_lsn: int, *, streaming: bool = True,
                 ) -> tuple[int, ChunkRecord | None, dict[int, int]]:
     """Peek up to the chunk's limit into `chunk`; return messages read, the record to commit, and
@@ -480,7 +480,7 @@ def _read_chunk(source: SlotSource, chunk, seq: int, limit: int, stop_lsn: Lsn |
                              end_lsn=end_lsn, bytes=kept_bytes), sent
 
 
-def _options(recorded, conn, **given) -> PluginOptions:
+def _options(recorded: dict[str, Any] | None, conn: Any, **given: Any) -> PluginOptions:
     """The pgoutput options: the given ones over the landing's recorded ones over the defaults."""
     if recorded is not None:
         base = dict(recorded["options"])

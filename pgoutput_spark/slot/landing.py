@@ -175,9 +175,12 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str] | None:
     try:
         if path.startswith("gs://") and os.environ.get(STORAGE_EMULATOR_HOST):
             return gcs_emulator(os.environ[STORAGE_EMULATOR_HOST]), path[len("gs://"):].rstrip("/")
+        found: tuple[Any, str]
         if path.startswith("gs://") and "?" not in path:
-            return pafs.FileSystem.from_uri(f"{path}?retry_limit_seconds={GCS_RETRY_SECONDS}")
-        return pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
+            found = pafs.FileSystem.from_uri(f"{path}?retry_limit_seconds={GCS_RETRY_SECONDS}")
+        else:
+            found = pafs.FileSystem.from_uri(re.sub(r"^s3[an]://", "s3://", path))
+        return found
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # libhdfs lists every path tried
         raise CaptureError(f"{path}: a Parquet landing there needs a file system Arrow reaches ({reason}); land"

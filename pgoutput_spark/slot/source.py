@@ -270,8 +270,9 @@ class SlotSource:
     def timeline(self) -> int | None:
         """The timeline a primary writes WAL on (None on a standby, whose slot only decodes WAL it
         has: a landing read there holds nothing its promoted self lacks)."""
-        return self._scalar("SELECT CASE WHEN NOT pg_is_in_recovery() THEN ('x' || substr(pg_walfile_name("
-                            "pg_current_wal_lsn()), 1, 8))::bit(32)::int END")
+        timeline: int | None = self._scalar("SELECT CASE WHEN NOT pg_is_in_recovery() THEN ('x' || substr("
+                                            "pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END")
+        return timeline
 
     def timeline_history(self, timeline: int) -> dict[int, Lsn]:
         """Where this server's history left each timeline before `timeline` (its current one; a

@@ -92,7 +92,8 @@ def row_hashes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         return np.zeros(0, np.uint64)
     columns = [pc.fill_null(canonical_text(_chunk(batch.column(i))), _NULL) for i in range(batch.num_columns)]
     rows = pc.binary_join_element_wise(*columns, _SEPARATOR) if columns else pa.array([b""] * batch.num_rows)
-    return pd.util.hash_array(np.asarray(rows.to_pylist(), dtype=object), categorize=False)
+    hashes: np.ndarray = pd.util.hash_array(np.asarray(rows.to_pylist(), dtype=object), categorize=False)
+    return hashes
 
 
 def _chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql import types as T
 
 from ..assemble.transactions import CONTROL_TYPES, Control, Ledger, Outcome, resolve
@@ -259,11 +259,11 @@ def _by_lookup(messages: DataFrame, start: ScanState) -> tuple[Column, Column, D
         out[~valid] = pd.NA
         return pd.Series(out, index=index)
 
-    @pandas_udf("long")  # type: ignore[call-overload]
+    @pandas_udf("long")  # type: ignore[call-overload, untyped-decorator]
     def last_begin(at: pd.Series) -> pd.Series:
         return series(*shared().last_begin(at.to_numpy()), at.index)
 
-    @pandas_udf("long")  # type: ignore[call-overload]
+    @pandas_udf("long")  # type: ignore[call-overload, untyped-decorator]
     def last_start_xid(at: pd.Series) -> pd.Series:
         return series(*shared().last_start_xid(at.to_numpy()), at.index)
 

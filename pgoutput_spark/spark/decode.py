@@ -103,7 +103,8 @@ def _first_bytes(kinds: pa.ChunkedArray) -> np.ndarray:
     values = kinds.combine_chunks()  # the few boundary messages of a run
     if not len(values):
         return np.empty(0, dtype=np.uint8)
-    return np.frombuffer(values.buffers()[2], dtype=np.uint8)[value_offsets(values)[:-1]]
+    first: np.ndarray = np.frombuffer(values.buffers()[2], dtype=np.uint8)[value_offsets(values)[:-1]]
+    return first
 
 
 def stream_events(capture: DataFrame, *, framing: Framing = "auto",

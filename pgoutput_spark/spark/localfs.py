@@ -108,7 +108,7 @@ def compiled_classes(*, cache: Path | None = None, java: str | None = None,
 def _spark_jars() -> Path:
     from pyspark.find_spark_home import _find_spark_home
 
-    return Path(_find_spark_home()) / "jars"
+    return Path(_find_spark_home()) / "jars"  # type: ignore[no-untyped-call]
 
 
 def java_command() -> str:

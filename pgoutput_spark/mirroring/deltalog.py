@@ -28,7 +28,7 @@ from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
 from ..spark.session import one_row
 from ..version import __version__
-from .names import path_table
+from .names import path_table, quote
 
 #: Delta's package in the JVM.
 DELTA = "org.apache.spark.sql.delta"
@@ -369,8 +369,20 @@ def _bound(kind: str, value: Any, *, high: bool) -> Any:
     return micros + 60_000_999 if high else micros - 60_000_000
 
 
-def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
-               frame: Callable[[], DataFrame], columns: Sequence[str]) -> KeyRanges | None:
+#: What a reader of a table by its keys (`listed.read_current`) asks for the ranges of the keys it
+#: looks up: given the table's listed files (None: its checksum lists none), its schema (Delta's
+#: metadata's) and its size (bytes, its checksum's), `key_ranges` or None.
+Ranges = Callable[[list[Any] | None, T.StructType, int | None], KeyRanges | None]
+
+
+def table_bytes(snapshot: Any) -> int | None:
+    """The size of the snapshot's table (its files' bytes) as its checksum records it; None without one."""
+    checksum = snapshot.checksumOpt()
+    return int(checksum.get().tableSizeBytes()) if checksum.isDefined() else None
+
+
+def key_ranges(files: list[Any] | None, schema: T.StructType, keys: Sequence[str],
+               frame: Callable[[], DataFrame], columns: Sequence[str], *, size: int | None = None) -> KeyRanges | None:
     """For `files_in_ranges`: the range of the values looked for in each of the table's ``keys``
     of a type `_kind` knows (``schema``: the table's, from its Delta metadata, with each column's
     physical name), from one aggregate of ``frame()``'s ``columns`` (``columns[i]`` holding values
@@ -379,12 +391,16 @@ def key_ranges(files: list[Any], schema: T.StructType, keys: Sequence[str],
     A key for which ``frame()`` has a null (a multiset's identity: nulls match nulls, which
     statistics leave out) or a value of another kind is left out. None, without a Spark job
     where it can tell, where the table's ``files`` (two or more) are smaller than
-    `PRUNE_MIN_BYTES` together, or no key is left."""
+    `PRUNE_MIN_BYTES` together, or no key is left. ``files`` None: a table whose checksum lists
+    none (read or merged by Delta's own reader, its ranges as `ranges_filter`), of ``size`` bytes
+    (`table_bytes`; None: unknown, and no ranges)."""
     fields = {f.name: f for f in schema.fields}
     kinds = {i: kind for i, kind in enumerate(_kind(fields[k].dataType) if k in fields else None for k in keys)
              if kind is not None}
     at = list(kinds)
-    if len(files) < 2 or not at or sum(int(added.size()) for added in files) < PRUNE_MIN_BYTES:
+    if files is not None:
+        size = sum(int(added.size()) for added in files) if len(files) >= 2 else None
+    if not at or size is None or size < PRUNE_MIN_BYTES:
         return None
     looked = frame()
     types = looked.select(*[F.col(columns[i]) for i in at]).schema.fields
@@ -425,6 +441,38 @@ def files_in_ranges(files: list[Any], ranges: KeyRanges) -> list[Any]:
                    for name, kind, lo, hi in ranges):
             kept.append(added)
     return kept
+
+
+def ranges_filter(ranges: KeyRanges, schema: T.StructType, alias: str | None = None) -> Column:
+    """The rows whose every column in ``ranges`` (`key_ranges`; ``schema`` the table's, with its
+    columns' physical names) is in its range, as a predicate on the table's columns (qualified by
+    ``alias``): for Delta's own reader and MERGE, whose data skipping then reads only the files
+    whose statistics meet it, as `files_in_ranges` keeps them. False where ``ranges`` is empty."""
+    if ranges == []:
+        return F.lit(False)
+    logical = {str(f.metadata.get("delta.columnMapping.physicalName", f.name)): f.name for f in schema.fields}
+    out = F.lit(True)
+    for name, kind, lo, hi in ranges:
+        low, high = _literal(kind, lo), _literal(kind, hi)
+        if name in logical and low is not None and high is not None:
+            column = F.col(f"{alias}.{quote(logical[name])}" if alias else quote(logical[name]))
+            out = out & (column >= low) & (column <= high)
+    return out
+
+
+def _literal(kind: str, value: Any) -> Column | None:
+    """A range's end (`key_ranges`) as a literal of its column's type; None where Python's
+    dates cannot hold it."""
+    if kind in ("number", "string"):
+        return F.lit(value)
+    try:
+        if kind == "date":
+            return F.expr(f"DATE '{date.fromordinal(_EPOCH_DAY + value).isoformat()}'")
+        if kind == "timestamp":
+            return F.expr(f"TIMESTAMP '{(_EPOCH_UTC + value * _MICROSECOND).isoformat(sep=' ')}'")
+        return F.expr(f"TIMESTAMP_NTZ '{(_EPOCH + value * _MICROSECOND).isoformat(sep=' ')}'")
+    except (OverflowError, ValueError):
+        return None
 
 
 def _outside(low: Any, high: Any, lo: Any, hi: Any) -> bool:

@@ -240,7 +240,9 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
     checksum lists its files, as a mirror's MERGE; otherwise Delta's MERGE."""
     from delta.tables import DeltaTable
 
-    from .merge import execute_merge, merge_condition, merge_listed
+    from pyspark.sql import functions as F
+
+    from .merge import delta_ranges, execute_merge, merge_condition, merge_listed
     from .names import quote
 
     columns = [*spec.columns, *HISTORY_NAMES]
@@ -250,8 +252,10 @@ def merge_history(session: Any, path: str, source: Any, spec: TableSpec, *, app_
                               history=True)
         if counts is not None:
             return {"versions": counts["inserted"], "closed": counts["updated"]}
-        result = (DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"),
-                                                                      merge_condition(spec, history=True))
+        condition = F.expr(merge_condition(spec, history=True))
+        narrowed = delta_ranges(session, path, source, spec, history=True)
+        result = (DeltaTable.forPath(session, path).alias("t").merge(
+                      source.alias("s"), condition if narrowed is None else condition & narrowed)
                   .whenMatchedUpdate(set={"_valid_to_lsn": "s._valid_to_lsn", "_valid_to_ts": "s._valid_to_ts",
                                           "_is_current": "false"})
                   .whenNotMatchedInsert("s._action = 'version'", {quote(c): f"s.{quote(c)}" for c in columns})

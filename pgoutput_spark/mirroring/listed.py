@@ -19,7 +19,7 @@ from ..spark.connect import is_connect
 from ..spark.jvm import jvm_class
 from .deltalog import (
     DELTA,
-    KeyRanges,
+    Ranges,
     active,
     checksum_files,
     file_location,
@@ -29,17 +29,18 @@ from .deltalog import (
     listed_files,
     partition_names,
     partition_values,
+    ranges_filter,
     register_metrics,
     scala_seq,
     snapshot_now,
+    table_bytes,
 )
 from .names import path_table, quote
 
 _log = logging.getLogger(__name__)
 
 
-def read_current(spark: SparkSession, path: str, *,
-                 ranges: Callable[[list[Any], T.StructType], KeyRanges | None] | None = None) -> DataFrame:
+def read_current(spark: SparkSession, path: str, *, ranges: Ranges | None = None) -> DataFrame:
     """The Delta table at ``path`` as of its version now (`deltalog.latest_version`), not "the latest":
     Spark and Delta plan every cached frame that reads a table's latest version again after each
     write to that table (Delta's file listing jobs), and a run caches frames that read the
@@ -56,9 +57,10 @@ def read_current(spark: SparkSession, path: str, *,
     newest.
 
     ``ranges``: for a caller that then looks up rows by key (a run's pre-image), given the
-    listed files and the table's schema (its Delta metadata's), the ranges of the keys looked
-    for (`deltalog.key_ranges`), or None: only the files that may hold them are read
-    (`deltalog.files_in_ranges`).
+    listed files (None: none listed), the table's schema (its Delta metadata's) and size, the
+    ranges of the keys looked for (`deltalog.key_ranges`), or None: only the files that may hold
+    them are read (`deltalog.files_in_ranges`; by Delta's reader, the rows in the ranges,
+    `deltalog.ranges_filter`, which its data skipping reads from the files that may hold them).
     """
     if is_connect(spark):
         newest = spark.sql(f"DESCRIBE HISTORY {path_table(path)} LIMIT 1").select("version").collect()[0][0]
@@ -66,14 +68,18 @@ def read_current(spark: SparkSession, path: str, *,
     return _read_version(spark, path, snapshot_now(spark, path), ranges)
 
 
-def _read_version(spark: SparkSession, path: str, snapshot: Any,
-                  ranges: Callable[[list[Any], T.StructType], KeyRanges | None] | None = None) -> DataFrame:
+def _read_version(spark: SparkSession, path: str, snapshot: Any, ranges: Ranges | None = None) -> DataFrame:
     """`read_current` of the table at ``path`` as of ``snapshot`` (Delta's, brought up to date)."""
     files = checksum_files(snapshot, deletion_vectors=True)
     if files is None:
-        return spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
+        rows = spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
+        if ranges is None:
+            return rows
+        schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+        found = ranges(None, schema, table_bytes(snapshot))
+        return rows if found is None else rows.where(ranges_filter(found, schema))
     if ranges is not None:
-        found = ranges(files, T.StructType.fromJson(json.loads(snapshot.metadata().schema().json())))
+        found = ranges(files, T.StructType.fromJson(json.loads(snapshot.metadata().schema().json())), None)
         if found is not None:
             files = files_in_ranges(files, found)
     with active(spark) as jvm:

@@ -46,10 +46,13 @@ from .deltalog import (
     files_in_ranges,
     files_of,
     key_ranges,
+    ranges_filter,
     register_metrics,
     scala_list,
     scala_seq,
     set_transaction,
+    snapshot_now,
+    table_bytes,
     user_metadata,
 )
 from .history import HISTORY_NAMES
@@ -139,13 +142,15 @@ def merge(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, 
         if counts is not None:
             return counts
         target = DeltaTable.forPath(session, path).alias("t")
+        narrowed = None if truncated else delta_ranges(session, path, source, spec)
+        condition = F.expr(on) if narrowed is None else F.expr(on) & narrowed
         if spec.mode == "keyed":
-            builder = (target.merge(source.alias("s"), on)
+            builder = (target.merge(source.alias("s"), condition)
                        .whenMatchedDelete("s._action = 'delete'")
                        .whenMatchedUpdate("s._action = 'upsert'", values)
                        .whenNotMatchedInsert("s._action = 'upsert'", values))
         else:
-            builder = (target.merge(source.alias("s"), on)
+            builder = (target.merge(source.alias("s"), condition)
                        .whenMatchedDelete()
                        .whenNotMatchedInsert("s._action = 'insert'", values))
         result = (builder.whenNotMatchedBySourceDelete() if truncated else builder).execute()
@@ -373,6 +378,27 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
         return counts
 
 
+def delta_ranges(session: SparkSession, path: str, source: DataFrame, spec: TableSpec, *,
+                 history: bool = False) -> Column | None:
+    """For Delta's MERGE of ``source`` into the table at ``path`` (alias ``t``): a predicate on
+    the table's keys that every row the MERGE matches meets (`deltalog.ranges_filter` of the
+    ranges `_pruned` compares), which Delta's data skipping turns into the files its MERGE
+    reads to match them; None where the table is under `deltalog.PRUNE_MIN_BYTES` (its
+    checksum's size), or no key is compared. Not for a run that truncated: every row is read."""
+    snapshot = snapshot_now(session, path)
+    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    ranges = key_ranges(None, schema, spec.key, lambda: _matching(source, spec, history=history),
+                        [quote(k) for k in spec.key], size=table_bytes(snapshot))
+    return None if ranges is None else ranges_filter(ranges, schema, "t")
+
+
+def _matching(source: DataFrame, spec: TableSpec, *, history: bool = False) -> DataFrame:
+    """The rows of ``source`` a MERGE matches with the table's: a keyed one's every row, a
+    multiset's ``delete_all`` rows, a history's ``close`` rows."""
+    action = "close" if history else "delete_all" if spec.mode == "multiset" else None
+    return source if action is None else source.where(F.col("_action") == action)
+
+
 def _pruned(files: list[Any], source: DataFrame, spec: TableSpec, schema: T.StructType, *,
             history: bool = False) -> list[Any]:
     """The files of a mirror (its schema ``schema``, from its Delta metadata) that may hold a row
@@ -382,9 +408,8 @@ def _pruned(files: list[Any], source: DataFrame, spec: TableSpec, schema: T.Stru
     the files that may hold a current version its ``close`` rows end. Delta's MERGE skips no
     file by its join's keys; changes to a large mirror's recent rows (serial keys, times) are
     then matched in the files they are in, not in every file."""
-    action = "close" if history else "delete_all" if spec.mode == "multiset" else None
-    matching = source if action is None else source.where(F.col("_action") == action)
-    ranges = key_ranges(files, schema, spec.key, lambda: matching, [quote(k) for k in spec.key])
+    ranges = key_ranges(files, schema, spec.key, lambda: _matching(source, spec, history=history),
+                        [quote(k) for k in spec.key])
     return files if ranges is None else files_in_ranges(files, ranges)
 
 

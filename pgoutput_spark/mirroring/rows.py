@@ -69,13 +69,13 @@ def pre_image(spark: SparkSession, path: str, keys: DataFrame | None, schema: T.
     """
     k = _key_names(spec)
 
-    def ranges(files: list[Any], table: T.StructType) -> KeyRanges | None:
+    def ranges(files: list[Any] | None, table: T.StructType, size: int | None) -> KeyRanges | None:
         # Only the files whose keys' statistics meet the looked-up keys' range (a multiset's
         # identity columns where no key looked up is null: nulls match nulls, which statistics
         # leave out).
         if keys is None:
             return None
-        return key_ranges(files, table, spec.key, lambda: keys, k)
+        return key_ranges(files, table, spec.key, lambda: keys, k, size=size)
 
     target = read_current(spark, path, ranges=ranges)  # cached by the caller, and the source of the MERGE into it
     if current_only:

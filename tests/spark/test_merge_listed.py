@@ -389,11 +389,11 @@ def test_a_keyed_merge_matches_only_in_files_whose_key_statistics_meet_the_sourc
     # A pre-image's read: the files that may hold the keys looked for.
     looked_for = spark.createDataFrame([(12,), (15,)], "k int")
 
-    def ranges(listed: list[Any], table: Any) -> Any:
-        return deltalog.key_ranges(listed, table, ["id"], lambda: looked_for, ["k"])
+    def ranges(listed: list[Any] | None, table: Any, size: int | None) -> Any:
+        return deltalog.key_ranges(listed, table, ["id"], lambda: looked_for, ["k"], size=size)
 
     assert sorted(r["id"] for r in read_current(spark, path, ranges=ranges).collect()) == list(range(10, 20))
-    assert read_current(spark, path, ranges=lambda listed, table: None).count() == 30
+    assert read_current(spark, path, ranges=lambda listed, table, size: None).count() == 30
     # And the MERGE: its counts and rows with the files it skipped.
     source = spark.createDataFrame([("upsert", 12, "twelve"), ("delete", 15, None), ("upsert", 31, "new")],
                                    source_schema)
@@ -515,8 +515,8 @@ def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nul
     # The pre-image's read: the rows of the files that may hold the identities looked up.
     looked_for = spark.createDataFrame([(13, 130, "c13"), (18, None, "c18")], "k0 int, k1 int, k2 string")
 
-    def ranges(listed: list[Any], table: Any) -> Any:
-        return deltalog.key_ranges(listed, table, spec.key, lambda: looked_for, ["k0", "k1", "k2"])
+    def ranges(listed: list[Any] | None, table: Any, size: int | None) -> Any:
+        return deltalog.key_ranges(listed, table, spec.key, lambda: looked_for, ["k0", "k1", "k2"], size=size)
 
     assert sorted({r["a"] for r in read_current(spark, paths["ours"], ranges=ranges).collect()}) == list(range(10, 20))
     # A MERGE that deletes both copies of two rows, inserts one back and another row: the
@@ -537,3 +537,79 @@ def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nul
     metrics = spark.sql(f"DESCRIBE HISTORY delta.`{paths['ours']}`").orderBy(F.desc("version")).first()
     assert (metrics["operationMetrics"]["numTargetFilesRemoved"], metrics["operationMetrics"]["numTargetRowsCopied"]) \
         == ("1", "16")
+
+
+def test_a_table_whose_checksum_lists_no_files_is_read_and_merged_by_delta_within_the_keys_ranges(
+        spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    # A mirror whose checksum lists no files (Delta lists up to 50; here up to 2) is read and
+    # merged by Delta's own reader and MERGE, given a predicate on the keys' ranges whose data
+    # skipping reads only the files that may hold them: with the first file moved away, the
+    # pre-image's read and the MERGE still work. A keyed mirror and a history.
+    from pgoutput_spark.mirroring.history import HISTORY_NAMES, merge_history
+    from pgoutput_spark.mirroring.listed import read_current
+
+    monkeypatch.setattr(deltalog, "PRUNE_MIN_BYTES", 0)
+    spec = TableSpec("keyed", ("id",), ("id", "v"))
+    path = str(tmp_path / "unlisted")
+    spark.conf.set("spark.databricks.delta.allFilesInCrc.thresholdNumFiles", "2")
+    try:
+        for version, ids in enumerate((range(0, 10), range(10, 20), range(20, 30)), start=1):
+            append(path, spark.createDataFrame([(i, f"v{i}") for i in ids], "id int, v string").coalesce(1), spec,
+                   app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
+    finally:
+        spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
+    snapshot = deltalog.snapshot_now(spark, path)
+    assert deltalog.checksum_files(snapshot, deletion_vectors=True) is None and deltalog.table_bytes(snapshot)
+    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    first = Path(path) / sorted(p.name for p in Path(path).glob("*.parquet")
+                                if {r[0] for r in spark.read.parquet(str(p)).collect()} == set(range(10)))[0]
+    aside = tmp_path / "aside.parquet"
+    first.rename(aside)  # read it, and Delta's reader fails
+    try:
+        looked_for = spark.createDataFrame([(12,), (15,)], "k int")
+
+        def ranges(listed: list[Any] | None, table: Any, size: int | None) -> Any:
+            return deltalog.key_ranges(listed, table, ["id"], lambda: looked_for, ["k"], size=size)
+
+        # The rows in the keys' range (the pre-image then joins them to the keys).
+        assert sorted(r["id"] for r in read_current(spark, path, ranges=ranges).collect()) == [12, 13, 14, 15]
+        source = spark.createDataFrame([("upsert", 12, "twelve"), ("delete", 15, None), ("upsert", 31, "new")],
+                                       "_action string, id int, v string")
+        predicate = merging.delta_ranges(spark, path, source, spec)
+        assert predicate is not None and "12" in str(predicate) and "31" in str(predicate)
+        assert merge(spark, path, source, spec, truncated=False, app_id=APP_ID, version=10,
+                     metadata={"to_lsn": 10}) == {"inserted": 1, "updated": 1, "deleted": 1}
+    finally:
+        aside.rename(first)
+    expected = {i: f"v{i}" for i in range(30) if i != 15} | {12: "twelve", 31: "new"}
+    assert _rows(spark, path) == sorted(expected.items(), key=repr)
+    assert deltalog.ranges_filter([], schema) is not None  # nothing looked for: false
+    assert spark.read.format("delta").load(path).where(deltalog.ranges_filter([], schema)).count() == 0
+    # A history: its MERGE within the ranges of the keys its closes end.
+    import datetime as dt
+
+    history = str(tmp_path / "history")
+    whole = TableSpec("keyed", ("id",), ("id", "v", *HISTORY_NAMES))
+    at = dt.datetime(2026, 1, 1)
+    spark.conf.set("spark.databricks.delta.allFilesInCrc.thresholdNumFiles", "2")
+    try:
+        for version, ids in enumerate((range(0, 10), range(10, 20), range(20, 30)), start=1):
+            rows = [(i, f"v{i}", 1, None, at, None, True, 1) for i in ids]
+            append(history, spark.createDataFrame(rows, f"id int, v string, {HISTORY.split(', ', 2)[2]}").coalesce(1),
+                   whole, app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
+    finally:
+        spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
+    first = Path(history) / sorted(p.name for p in Path(history).glob("*.parquet")
+                                   if {r[0] for r in spark.read.parquet(str(p)).collect()} == set(range(10)))[0]
+    first.rename(aside)
+    try:
+        run = spark.createDataFrame([("close", 21, None, None, 5, None, at, False, None),
+                                     ("version", 21, "new", 5, None, at, None, True, 7),
+                                     ("version", 3, "three", 5, None, at, None, True, 8)],  # a version, not matched
+                                    f"_action string, id int, v string, {HISTORY.split(', ', 2)[2]}")
+        assert merge_history(spark, history, run, TableSpec("keyed", ("id",), ("id", "v")), app_id=APP_ID,
+                             version=10, metadata={"to_lsn": 10}) == {"versions": 2, "closed": 1}
+    finally:
+        aside.rename(first)
+    current = {(r["id"], r["v"]) for r in spark.read.format("delta").load(history).where("_is_current").collect()}
+    assert current == {(i, f"v{i}") for i in range(30) if i != 21} | {(21, "new"), (3, "three")}

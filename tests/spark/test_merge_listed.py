@@ -460,6 +460,11 @@ def test_files_are_matched_by_statistics_of_dates_timestamps_strings_and_decimal
         assert pruned([9]) == [0], key  # 9 hours and 500 microseconds: its file's statistic says 9 hours
         assert pruned([5, 25]) == [0, 1, 2], key
         assert pruned([100]) == [] and pruned([-5]) == [], key
+        # Delta's reader given the ranges as a predicate (`ranges_filter`): the rows in them.
+        found = deltalog.key_ranges(files, schema, (key,), lambda: source([("upsert", 12), ("upsert", 15)]),
+                                    [f"`{key}`"])
+        within = spark.read.format("delta").load(paths["ours"]).where(deltalog.ranges_filter(found, schema))
+        assert sorted(r["d"] for r in within.collect()) == [row[0] for row in _typed_rows(range(12, 16))], key
         # A key of another kind in the source than in the mirror: not compared, every file.
         other = spark.createDataFrame([("upsert", True)], "_action string, d boolean").withColumnRenamed("d", key)
         assert merging._pruned(files, other, TableSpec("keyed", (key,), (key,)), schema) == files, key

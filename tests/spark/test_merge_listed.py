@@ -472,21 +472,31 @@ def test_files_are_matched_by_statistics_of_dates_timestamps_strings_and_decimal
     assert deltalog._kind(T.StringType("UTF8_LCASE")) is None and deltalog._kind(T.DoubleType()) is None
     assert deltalog._kind(T.StringType()) == "string"
     # The MERGE: an update and a delete in the second file, an insert; Delta's command the oracle.
-    net = source([("upsert", 12), ("delete", 15), ("upsert", 40)])
+    counts = _merged_both(spark, monkeypatch, paths, source([("upsert", 12), ("delete", 15), ("upsert", 40)]), spec)
+    assert counts["ours"] == counts["theirs"] == {"inserted": 1, "updated": 1, "deleted": 1}
+    assert _rows(spark, paths["ours"]) == _rows(spark, paths["theirs"])
+    assert sorted(tuple(r)[:5] for r in spark.read.format("delta").load(paths["ours"]).where("v = 'new'").collect()) \
+        == [row[:5] for row in _typed_rows([12, 40])]
+    assert _last_metrics(spark, paths["ours"], "numTargetFilesRemoved", "numTargetRowsCopied") == ("1", "8")
+
+
+def _merged_both(spark: Any, monkeypatch: Any, paths: dict[str, str], net: Any, spec: TableSpec) -> dict[str, Any]:
+    """The counts of the MERGE of ``net`` into the two copies of a mirror: ``theirs`` by Delta's
+    command (the oracle), ``ours`` by `merge_listed` (asserted: not left to Delta)."""
     results, recorded = _recorded()
     counts = {}
     for name, merge_listed in (("theirs", lambda *a, **k: None), ("ours", recorded)):
         monkeypatch.setattr(merging, "merge_listed", merge_listed)
         counts[name] = merge(spark, paths[name], net, spec, truncated=False, app_id=APP_ID, version=10,
                              metadata={"to_lsn": 10})
-    assert results and results[0] is not None  # ours, not Delta's command
-    assert counts["ours"] == counts["theirs"] == {"inserted": 1, "updated": 1, "deleted": 1}
-    assert _rows(spark, paths["ours"]) == _rows(spark, paths["theirs"])
-    assert sorted(tuple(r)[:5] for r in spark.read.format("delta").load(paths["ours"]).where("v = 'new'").collect()) \
-        == [row[:5] for row in _typed_rows([12, 40])]
-    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{paths['ours']}`").orderBy(F.desc("version")).first()
-    assert (metrics["operationMetrics"]["numTargetFilesRemoved"], metrics["operationMetrics"]["numTargetRowsCopied"]) \
-        == ("1", "8")
+    assert results and results[0] is not None
+    return counts
+
+
+def _last_metrics(spark: Any, path: str, *names: str) -> tuple[str, ...]:
+    """The metrics ``names`` of the table's last commit, as Delta's history shows them."""
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy(F.desc("version")).first()["operationMetrics"]
+    return tuple(metrics[name] for name in names)
 
 
 def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nulls(
@@ -528,20 +538,12 @@ def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nul
     # second file rewritten, the others skipped; Delta's command the oracle.
     net = spark.createDataFrame([("delete_all", 13, 130, "c13"), ("insert", 13, 130, "c13"),
                                  ("delete_all", 15, None, "c15"), ("insert", 31, None, "c31")], layout)
-    results, recorded = _recorded()
-    counts = {}
-    for name, merge_listed in (("theirs", lambda *a, **k: None), ("ours", recorded)):
-        monkeypatch.setattr(merging, "merge_listed", merge_listed)
-        counts[name] = merge(spark, paths[name], net, spec, truncated=False, app_id=APP_ID, version=10,
-                             metadata={"to_lsn": 10})
-    assert results and results[0] is not None  # ours, not Delta's command
+    counts = _merged_both(spark, monkeypatch, paths, net, spec)
     assert counts["ours"] == counts["theirs"] == {"inserted": 2, "updated": 0, "deleted": 4}
     expected = sorted([r for r in mirror if r[0] not in (13, 15)] * 2 + [(13, 130, "c13"), (31, None, "c31")],
                       key=repr)
     assert _rows(spark, paths["ours"]) == _rows(spark, paths["theirs"]) == expected
-    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{paths['ours']}`").orderBy(F.desc("version")).first()
-    assert (metrics["operationMetrics"]["numTargetFilesRemoved"], metrics["operationMetrics"]["numTargetRowsCopied"]) \
-        == ("1", "16")
+    assert _last_metrics(spark, paths["ours"], "numTargetFilesRemoved", "numTargetRowsCopied") == ("1", "16")
 
 
 def test_a_table_whose_checksum_lists_no_files_is_read_and_merged_by_delta_within_the_keys_ranges(

@@ -285,8 +285,8 @@ def _bitmap(jvm: Any, rows: list[int]) -> Any:
         bytearray(header + bytes(serialized.array())))
 
 
-#: A table whose listed files are smaller than this together is read whole: an aggregate for the
-#: range of the keys looked for costs more than reading its files (`key_ranges`).
+#: A table smaller than this (its listed files together, or its checksum's size) is read whole: an
+#: aggregate for the range of the keys looked for costs more than reading its files (`key_ranges`).
 PRUNE_MIN_BYTES = 64 * 1024 * 1024
 #: Ranges of key values looked for (`key_ranges`): (a column's physical name, its kind (`_kind`),
 #: lowest, highest), the values as `_bound` gives a file's statistics of that kind.

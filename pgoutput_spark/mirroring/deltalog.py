@@ -375,6 +375,18 @@ def _bound(kind: str, value: Any, *, high: bool) -> Any:
 Ranges = Callable[[list[Any] | None, T.StructType, int | None], KeyRanges | None]
 
 
+def table_schema(snapshot: Any) -> T.StructType:
+    """The snapshot's table's schema, from its Delta metadata: with its columns' metadata (their
+    physical names under column mapping: `physical_name`)."""
+    return T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+
+
+def physical_name(field: T.StructField) -> str:
+    """A column's name in the table's Parquet files and statistics: its physical name under
+    column mapping, else its name."""
+    return str(field.metadata.get("delta.columnMapping.physicalName", field.name))
+
+
 def table_bytes(snapshot: Any) -> int | None:
     """The size of the snapshot's table (its files' bytes) as its checksum records it; None without one."""
     checksum = snapshot.checksumOpt()
@@ -417,8 +429,7 @@ def key_ranges(files: list[Any] | None, schema: T.StructType, keys: Sequence[str
     for i in at:
         lo, hi = _looked_for(kinds[i], row[f"lo{i}"]), _looked_for(kinds[i], row[f"hi{i}"])
         if row[f"v{i}"] == row["n"] and lo is not None and hi is not None:
-            name = str(fields[keys[i]].metadata.get("delta.columnMapping.physicalName", keys[i]))
-            found.append((name, kinds[i], lo, hi))
+            found.append((physical_name(fields[keys[i]]), kinds[i], lo, hi))
     return found or None
 
 
@@ -450,7 +461,7 @@ def ranges_filter(ranges: KeyRanges, schema: T.StructType, alias: str | None = N
     whose statistics meet it, as `files_in_ranges` keeps them. False where ``ranges`` is empty."""
     if ranges == []:
         return F.lit(False)
-    logical = {str(f.metadata.get("delta.columnMapping.physicalName", f.name)): f.name for f in schema.fields}
+    logical = {physical_name(f): f.name for f in schema.fields}
     out = F.lit(True)
     for name, kind, lo, hi in ranges:
         low, high = _literal(kind, lo), _literal(kind, hi)

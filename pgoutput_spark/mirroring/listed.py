@@ -5,7 +5,6 @@ without the Spark jobs in which Delta's reader and commands reconstruct a table'
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +33,7 @@ from .deltalog import (
     scala_seq,
     snapshot_now,
     table_bytes,
+    table_schema,
 )
 from .names import path_table, quote
 
@@ -75,11 +75,11 @@ def _read_version(spark: SparkSession, path: str, snapshot: Any, ranges: Ranges 
         rows = spark.read.format("delta").option("versionAsOf", int(snapshot.version())).load(path)
         if ranges is None:
             return rows
-        schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+        schema = table_schema(snapshot)
         found = ranges(None, schema, table_bytes(snapshot))
         return rows if found is None else rows.where(ranges_filter(found, schema))
     if ranges is not None:
-        found = ranges(files, T.StructType.fromJson(json.loads(snapshot.metadata().schema().json())), None)
+        found = ranges(files, table_schema(snapshot), None)
         if found is not None:
             files = files_in_ranges(files, found)
     with active(spark) as jvm:
@@ -203,7 +203,7 @@ def _files_frame(spark: SparkSession, snapshot: Any, listed: list[Any]) -> DataF
     """The rows of the ``listed`` files (`listed_files`) of the snapshot's table: each file's
     Parquet columns by the table's schema, its partition values as literals."""
     metadata = snapshot.metadata()
-    schema = T.StructType.fromJson(json.loads(metadata.schema().json()))
+    schema = table_schema(snapshot)
     partitions = partition_names(metadata)
     if not listed:
         return spark.createDataFrame([], schema)

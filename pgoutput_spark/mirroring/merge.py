@@ -53,6 +53,7 @@ from .deltalog import (
     set_transaction,
     snapshot_now,
     table_bytes,
+    table_schema,
     user_metadata,
 )
 from .history import HISTORY_NAMES
@@ -268,7 +269,7 @@ def merge_listed(session: SparkSession, path: str, source: DataFrame, spec: Tabl
                        if configuration.get(key).isDefined() and str(configuration.get(key).get()).lower() == "true"]
             vectors = "delta.enableDeletionVectors" in enabled
             files = checksum_files(snapshot, deletion_vectors=vectors)
-            schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+            schema = table_schema(snapshot)
         except Exception as exc:  # py4j's: a Delta without these members
             _log.debug("MERGE into %s by Delta's command: %s", path, exc)
             return None
@@ -386,7 +387,7 @@ def delta_ranges(session: SparkSession, path: str, source: DataFrame, spec: Tabl
     reads to match them; None where the table is under `deltalog.PRUNE_MIN_BYTES` (its
     checksum's size), or no key is compared. Not for a run that truncated: every row is read."""
     snapshot = snapshot_now(session, path)
-    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    schema = table_schema(snapshot)
     ranges = key_ranges(None, schema, spec.key, lambda: _matching(source, spec, history=history),
                         [quote(k) for k in spec.key], size=table_bytes(snapshot))
     return None if ranges is None else ranges_filter(ranges, schema, "t")

@@ -362,7 +362,7 @@ def test_a_keyed_merge_matches_only_in_files_whose_key_statistics_meet_the_sourc
     snapshot = deltalog.snapshot_now(spark, path)
     files = sorted(deltalog.checksum_files(snapshot),  # by their smallest id (under its physical name)
                    key=lambda a: [v for v in json.loads(a.stats())["minValues"].values() if isinstance(v, int)])
-    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))  # physical names too
+    schema = deltalog.table_schema(snapshot)  # physical names too
     source_schema = "_action string, id int, v string"
 
     def pruned(keys: list[int]) -> list[int]:
@@ -424,7 +424,7 @@ def _typed_rows(numbers: Any, v: str = "v") -> list[tuple]:
 
 def _lowest(added: Any, schema: T.StructType, column: str) -> Any:
     """A file's statistic of the lowest value of ``column`` (under its physical name)."""
-    physical = schema[column].metadata.get("delta.columnMapping.physicalName", column)
+    physical = deltalog.physical_name(schema[column])
     return json.loads(added.stats())["minValues"][physical]
 
 
@@ -442,7 +442,7 @@ def test_files_are_matched_by_statistics_of_dates_timestamps_strings_and_decimal
             append(path, spark.createDataFrame(_typed_rows(numbers), TYPED).coalesce(1), spec, app_id=APP_ID,
                    version=version, metadata={"to_lsn": version}, create=version == 1)
     snapshot = deltalog.snapshot_now(spark, paths["ours"])
-    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    schema = deltalog.table_schema(snapshot)
     files = sorted(deltalog.checksum_files(snapshot), key=lambda a: _lowest(a, schema, "d"))
 
     def source(actions: list[tuple[str, int]], v: str = "new") -> Any:
@@ -515,7 +515,7 @@ def test_a_multiset_is_matched_by_statistics_of_its_identity_columns_without_nul
             append(path, spark.createDataFrame(part * 2, "a int, b int, c string").coalesce(1), spec,  # duplicates
                    app_id=APP_ID, version=version, metadata={"to_lsn": version}, create=version == 1)
     snapshot = deltalog.snapshot_now(spark, paths["ours"])
-    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    schema = deltalog.table_schema(snapshot)
     files = sorted(deltalog.checksum_files(snapshot), key=lambda a: _lowest(a, schema, "c"))
     layout = "_action string, a int, b int, c string"
 
@@ -567,7 +567,7 @@ def test_a_table_whose_checksum_lists_no_files_is_read_and_merged_by_delta_withi
         spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
     snapshot = deltalog.snapshot_now(spark, path)
     assert deltalog.checksum_files(snapshot, deletion_vectors=True) is None and deltalog.table_bytes(snapshot)
-    schema = T.StructType.fromJson(json.loads(snapshot.metadata().schema().json()))
+    schema = deltalog.table_schema(snapshot)
     first = Path(path) / sorted(p.name for p in Path(path).glob("*.parquet")
                                 if {r[0] for r in spark.read.parquet(str(p)).collect()} == set(range(10)))[0]
     aside = tmp_path / "aside.parquet"
